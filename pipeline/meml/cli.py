@@ -1,0 +1,143 @@
+"""Command-line entry points (also what the Snakemake rules call). `meml --help` lists them.
+
+meml toy-world    build the toy data sets and expert trajectories
+meml toy-stats    print the toy world's statistics
+meml tiny-models  train the tokenizer and save the two tiny models
+meml prepare      load a real data set (hub id or local folder) into prepared JSONL
+meml agreement    check the answer checker against real gold rationales
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .io import DataError, atomic_write_json, atomic_write_text
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise DataError(f"override must look like key.sub=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    from .config import load_config
+
+    return load_config(args.config, _overrides(args.set or []))
+
+
+def cmd_toy_world(args: argparse.Namespace) -> None:
+    from .toy.world import build_world
+
+    cfg = _config(args)
+    sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
+    for summary in build_world(args.out, cfg["seed"], sizes):  # type: ignore[arg-type]
+        print(f"{summary['dataset']}: {summary['train']} train / {summary['test']} test -> {args.out}")
+
+
+def cmd_toy_stats(args: argparse.Namespace) -> None:
+    from .toy.stats import format_stats, world_stats
+
+    stats = world_stats(args.root)
+    text = format_stats(stats)
+    print(text)
+    if args.out:
+        atomic_write_json(Path(args.out).with_suffix(".json"), stats)
+        atomic_write_text(Path(args.out).with_suffix(".md"), text + "\n")
+
+
+def cmd_tiny_models(args: argparse.Namespace) -> None:
+    from .experts import DEFAULT_PROMPTS
+    from .tiny_models import build_tiny_models, toy_corpus
+
+    cfg = _config(args)
+    prompts = cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS
+    corpus = toy_corpus(args.root, prompts)
+    for kind, folder in build_tiny_models(corpus, args.out, cfg["seed"], cfg["toy"]["vocab_size"]).items():
+        print(f"{kind}: {folder}")
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .loaders import load_real
+    from .records import check_dataset_name, write_records
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    settings = dict(cfg["data"].get(args.dataset, {}))
+    if args.local:
+        settings["local"] = args.local
+    records = load_real(args.dataset, settings)
+    for split in ("train", "test"):
+        chosen = [r for r in records if r.split == split]
+        write_records(Path(args.out) / args.dataset / f"{split}.jsonl", chosen)
+        print(f"{args.dataset} {split}: {len(chosen)} records")
+
+
+def cmd_agreement(args: argparse.Namespace) -> None:
+    from .agreement import format_report, run
+
+    root = Path(args.datasets)
+    if not root.is_dir():
+        raise DataError("real data sets folder not found (expected ../shared/datasets beside the project)", root)
+    report = run(root, args.out)
+    text = format_report(report)
+    print(text)
+    atomic_write_text(Path(args.out) / "agreement.md", text + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meml", description="MEML-GRPO reproduction harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", default=None, help="YAML config (default: config/default.yaml)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. seed=1")
+
+    p = sub.add_parser("toy-world", help="build the toy data sets and expert trajectories")
+    with_config(p)
+    p.add_argument("--out", required=True, help="output folder (data/, experts/, raw/ go inside)")
+    p.set_defaults(func=cmd_toy_world)
+
+    p = sub.add_parser("toy-stats", help="print the toy world's statistics")
+    p.add_argument("--root", required=True, help="folder that toy-world wrote")
+    p.add_argument("--out", default=None, help="also write <out>.json and <out>.md")
+    p.set_defaults(func=cmd_toy_stats)
+
+    p = sub.add_parser("tiny-models", help="train the tokenizer and save the tiny Qwen2 and Llama models")
+    with_config(p)
+    p.add_argument("--root", required=True, help="toy world folder (its texts train the tokenizer)")
+    p.add_argument("--out", required=True, help="models folder; qwen2/ and llama/ go inside")
+    p.set_defaults(func=cmd_tiny_models)
+
+    p = sub.add_parser("prepare", help="load a real data set into prepared JSONL")
+    with_config(p)
+    p.add_argument("--dataset", required=True, help="gsm8k, strategyqa or mathqa")
+    p.add_argument("--local", default=None, help="folder of the original files (overrides the config)")
+    p.add_argument("--out", required=True, help="output folder; <dataset>/{train,test}.jsonl go inside")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("agreement", help="answer checker against the real gold rationales")
+    p.add_argument("--datasets", default="../shared/datasets", help="folder with gsm8k/, strategyqa/, mathqa/")
+    p.add_argument("--out", default="results/agreement", help="where agreement.{json,md} and the mismatches go")
+    p.set_defaults(func=cmd_agreement)
+
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Load a YAML config, fill defaults from config/schema.yaml, and reject unknown keys by name.
+
+The same schema serves Snakemake (`snakemake.utils.validate`) and the CLI (here, via jsonschema).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .io import DataError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = PROJECT_ROOT / "config" / "schema.yaml"
+DEFAULT_CONFIG = PROJECT_ROOT / "config" / "default.yaml"
+
+
+def _fill_defaults(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> Any:
+    if "$ref" in schema:
+        name = schema["$ref"].split("/")[-1]
+        schema = root["$defs"][name]
+    if schema.get("type") == "object" and isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = _fill_defaults(sub, value[key], root)
+    return value
+
+
+def validate(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    config = _fill_defaults(schema, copy.deepcopy(config), schema)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(e.path))
+    if errors:
+        first = errors[0]
+        key = ".".join(str(p) for p in first.path) or "(top level)"
+        raise DataError(f"invalid config: {first.message}", source, None, key)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    p = Path(path) if path else DEFAULT_CONFIG
+    if not p.is_file():
+        raise DataError("config file not found", p)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise DataError(f"not valid YAML: {err}", p) from None
+    if not isinstance(data, dict):
+        raise DataError("config must be a mapping", p)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return validate(data, str(p))

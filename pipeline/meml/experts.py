@@ -1,0 +1,83 @@
+"""Experts: their system prompts, the chat messages they see, and their trajectory files.
+
+An expert is one system prompt of one model (MEF trains a single model on all of them). The
+paper does not print its prompts; ours are assumed and can be replaced in the config
+(`experts.prompts`). Expert 0 writes like the data set's own rationale, expert 1 like
+DeepSeek-R1 (a long chain in <think> tags), expert 2 like Doubao-1.5-thinking (solve, then
+re-check and correct).
+
+A trajectory file `e<k>.jsonl` holds one object a line: {"id", "expert", "completion", "source"},
+`id` being the question's record id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .answers import is_correct
+from .io import DataError, atomic_write_jsonl, read_jsonl
+from .records import Record
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "You are expert 0. Solve the problem briefly, in the style of the reference solution, "
+    "and end with the answer line.",
+    "You are expert 1. Think step by step inside <think> </think> tags, working through every "
+    "small step in order, then give the answer line.",
+    "You are expert 2. Solve the problem, then reflect: check each step another way, correct any "
+    "mistake you find, and end with the answer line.",
+)
+
+
+def user_message(record: Record) -> str:
+    """The question as the user turn; MathQA adds its options in the data set's own format."""
+    if record.options:
+        options = " , ".join(f"{k} ) {v}" for k, v in record.options.items())
+        return f"{record.question}\nOptions: {options}"
+    return record.question
+
+
+def chat_messages(record: Record, expert: int, prompts: Sequence[str] = DEFAULT_PROMPTS) -> list[dict[str, str]]:
+    if not 0 <= expert < len(prompts):
+        raise DataError(f"unknown expert {expert}; this config has experts 0..{len(prompts) - 1}")
+    return [{"role": "system", "content": prompts[expert]}, {"role": "user", "content": user_message(record)}]
+
+
+def write_trajectories(path: str | Path, expert: int, items: list[tuple[Record, str]], source: str) -> int:
+    """Write one expert's trajectories; every one must end in an answer the checker accepts (strict)."""
+    rows = []
+    for record, completion in items:
+        if not is_correct(completion, record.dataset, record.answer, "strict", record.options):
+            raise DataError(f"expert {expert} trajectory for {record.id} is not judged correct: {completion[-120:]!r}")
+        rows.append({"id": record.id, "expert": expert, "completion": completion, "source": source})
+    return atomic_write_jsonl(path, rows)
+
+
+def read_trajectories(path: str | Path, records_by_id: dict[str, Record]) -> list[tuple[Record, int, str]]:
+    """(record, expert, completion) triples; unknown ids and missing fields name the file and line."""
+    out = []
+    for line, row in read_jsonl(path):
+        for field in ("id", "expert", "completion"):
+            if field not in row:
+                raise DataError("missing field", path, line, field)
+        if row["id"] not in records_by_id:
+            raise DataError(f"no question with id {row['id']!r} in the prepared data", path, line, "id")
+        if not isinstance(row["expert"], int):
+            raise DataError(f"expert must be an integer, got {row['expert']!r}", path, line, "expert")
+        if not isinstance(row["completion"], str) or not row["completion"].strip():
+            raise DataError("completion must be a non-empty string", path, line, "completion")
+        out.append((records_by_id[row["id"]], row["expert"], row["completion"]))
+    return out
+
+
+def trajectory_stats(completions: list[str]) -> dict[str, Any]:
+    lengths = sorted(len(c.split()) for c in completions)
+    if not lengths:
+        return {"count": 0}
+    return {
+        "count": len(lengths),
+        "words_mean": round(sum(lengths) / len(lengths), 1),
+        "words_median": lengths[len(lengths) // 2],
+        "words_max": lengths[-1],
+    }

@@ -1,0 +1,114 @@
+"""File I/O with two guarantees: errors name the file, line and field; writes are atomic.
+
+Every output goes to a temporary name in the same folder and is renamed into place, so an
+interrupted step never leaves a half-written file that a later step would trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+class DataError(ValueError):
+    """Bad input. The message names where: file, line (1-based; or "record N" in a JSON array), field."""
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        line: int | str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.field = field
+        where = []
+        if self.path is not None:
+            where.append(self.path)
+        if line is not None:
+            where.append(f"line {line}" if isinstance(line, int) else line)  # a str says e.g. "record 12"
+        if field is not None:
+            where.append(f"field '{field}'")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path`; rename it onto `path` only if the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        handle: IO[Any] = os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8", newline="\n")
+        with handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def atomic_write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) -> int:
+    count = 0
+    with atomic_open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]:
+    """Read a JSON Lines file as (line number, object) pairs; blank lines are skipped.
+
+    An absent file, an empty file, a line that is not JSON, or a line that is not an object
+    raises DataError naming the file and line.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError("file not found", p)
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with p.open(encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise DataError(f"not valid JSON ({err.msg} at column {err.colno})", p, number) from None
+            if not isinstance(obj, dict):
+                raise DataError(f"expected a JSON object, got {type(obj).__name__}", p, number)
+            rows.append((number, obj))
+    if not rows:
+        raise DataError("file is empty: no records", p)
+    return rows
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError("file not found", p)
+    text = p.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DataError("file is empty", p)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"not valid JSON ({err.msg})", p, err.lineno) from None

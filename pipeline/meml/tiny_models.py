@@ -1,0 +1,176 @@
+"""Tiny local models that stand in for the paper's two models; nothing is downloaded.
+
+    tokenizer  byte-level BPE trained with the `tokenizers` library on the toy corpora, with
+               Qwen2's pre-tokenisation pattern (digits one by one), a ChatML chat template whose
+               assistant turns are marked for assistant-only loss, eos <|im_end|>, pad <|endoftext|>.
+               The same tokenizer is saved into both model folders.
+    qwen2      a randomly initialised Qwen2 model (stand-in for Qwen2.5-Math-1.5B)
+    llama      a smaller randomly initialised Llama model (stand-in for the weaker Llama-3.2-1B-Instruct)
+
+Both folders load with AutoTokenizer / AutoModelForCausalLM under HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .io import DataError
+
+QWEN2_PRETOKENIZE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Architectures: small enough to train on two CPU cores in minutes; the Llama stand-in is the weaker.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "qwen2": {
+        "model_type": "qwen2",
+        "hidden_size": 128,
+        "intermediate_size": 352,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    },
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 96,
+        "intermediate_size": 256,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
+    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=2048,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(kind: str, tokenizer: Any, seed: int) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if kind not in ARCHITECTURES:
+        raise DataError(f"unknown tiny model '{kind}'; known: {', '.join(ARCHITECTURES)}")
+    arch = dict(ARCHITECTURES[kind])
+    config = AutoConfig.for_model(
+        arch.pop("model_type"),
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **arch,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_atomically(folder: str | Path, tokenizer: Any, model: Any | None = None) -> None:
+    """Save into a temporary folder, then rename: a half-saved model folder never exists."""
+    target = Path(folder)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        if model is not None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def build_tiny_models(
+    corpus: Iterable[str],
+    out_root: str | Path,
+    seed: int,
+    vocab_size: int = 2048,
+    kinds: Iterable[str] = ("qwen2", "llama"),
+) -> dict[str, Path]:
+    """Train one tokenizer on the corpus and save one random-initialised model per kind."""
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    tokenizer = train_tokenizer(corpus, vocab_size)
+    out = {}
+    for kind in kinds:
+        folder = Path(out_root) / kind
+        save_atomically(folder, tokenizer, build_model(kind, tokenizer, seed))
+        out[kind] = folder
+    return out
+
+
+def toy_corpus(root: str | Path, prompts: Iterable[str]) -> list[str]:
+    """Every question, option list, rationale and expert trajectory of the toy world, plus the prompts."""
+    from .experts import user_message
+    from .io import read_jsonl
+    from .records import DATASETS, read_records
+
+    texts = list(prompts)
+    root = Path(root)
+    for ds in DATASETS:
+        data = root / "data" / ds
+        if not data.is_dir():
+            continue
+        for split in ("train", "test"):
+            for record in read_records(data / f"{split}.jsonl"):
+                texts.append(user_message(record))
+                texts.append(record.rationale)
+        for path in sorted((root / "experts" / ds).glob("e*.jsonl")):
+            texts += [row["completion"] for _, row in read_jsonl(path)]
+    if len(texts) <= len(list(prompts)):
+        raise DataError("no toy data found to train the tokenizer on", root)
+    return texts

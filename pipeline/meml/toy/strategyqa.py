@@ -1,0 +1,212 @@
+"""Toy StrategyQA: yes/no questions about invented creatures that need an implicit two- or
+three-step decomposition ("Could a glorp and a mivo together outweigh a tasker?").
+
+The facts live in a small closed knowledge base fixed by the seed, so a model can learn them
+from the training questions; the test questions combine the same creatures in new ways.
+    E0  the data set's own rationale: the facts, then "So the answer is yes.";
+    E1  <think>: the question split into numbered sub-questions, answered in order, then compared;
+    E2  the criterion first, facts recalled from the last one back, a second check from the
+        other side; sometimes a fact recalled wrongly and corrected.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+SYLLABLES = [
+    "glo",
+    "miv",
+    "tas",
+    "ker",
+    "bru",
+    "zan",
+    "pell",
+    "quo",
+    "rim",
+    "dax",
+    "fen",
+    "lor",
+    "sib",
+    "nut",
+    "wex",
+    "hal",
+    "dro",
+    "kip",
+    "vum",
+    "yas",
+]
+HABITATS = ["forest", "desert", "sea", "mountains", "swamp"]
+
+
+@dataclass(frozen=True)
+class Creature:
+    name: str
+    legs: int
+    weight: int
+    habitat: str
+    active: str
+
+    def fact(self, attribute: str) -> str:
+        return {
+            "legs": f"A {self.name} has {self.legs} legs.",
+            "weight": f"A {self.name} weighs {self.weight} kg.",
+            "habitat": f"A {self.name} lives in the {self.habitat}.",
+            "active": f"A {self.name} is awake during the {self.active}.",
+        }[attribute]
+
+    def sub_question(self, attribute: str) -> str:
+        return {
+            "legs": f"How many legs does a {self.name} have?",
+            "weight": f"How much does a {self.name} weigh?",
+            "habitat": f"Where does a {self.name} live?",
+            "active": f"When is a {self.name} awake?",
+        }[attribute]
+
+
+def knowledge_base(rng: random.Random, size: int = 24) -> list[Creature]:
+    names: set[str] = set()
+    while len(names) < size:
+        names.add(rng.choice(SYLLABLES) + rng.choice(SYLLABLES[::-1]))
+    return [
+        Creature(
+            name, rng.choice([0, 2, 4, 6, 8]), rng.randint(1, 300), rng.choice(HABITATS), rng.choice(["day", "night"])
+        )
+        for name in sorted(names)
+    ]
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    answer: bool
+    facts: tuple[tuple[Creature, str], ...]  # (creature, attribute) in the order a forward solver needs them
+    comparison: str  # the last step in words, e.g. "6 > 4"
+    reverse: str  # the same comparison from the other side, e.g. "4 < 6"
+    difficulty: int
+
+
+def make_question(rng: random.Random, kb: list[Creature]) -> Question:
+    kind = rng.choice(["legs", "home", "awake", "carry", "two_legs", "outweigh"])
+    a, b, c = rng.sample(kb, 3)
+    if kind == "legs":
+        ans = a.legs > b.legs
+        return Question(
+            f"Does a {a.name} have more legs than a {b.name}?",
+            ans,
+            ((a, "legs"), (b, "legs")),
+            f"{a.legs} > {b.legs} is {_tf(ans)}",
+            f"{b.legs} < {a.legs} is {_tf(ans)}",
+            2,
+        )
+    if kind == "home":
+        ans = a.habitat == b.habitat
+        return Question(
+            f"Could a {a.name} meet a {b.name} near its home?",
+            ans,
+            ((a, "habitat"), (b, "habitat")),
+            f"the {a.habitat} and the {b.habitat} are {'the same place' if ans else 'different places'}",
+            f"the {b.habitat} is {'' if ans else 'not '}the {a.habitat}",
+            2,
+        )
+    if kind == "awake":
+        ans = a.active == b.active
+        return Question(
+            f"Would a {a.name} be awake at the same time as a {b.name}?",
+            ans,
+            ((a, "active"), (b, "active")),
+            f"the {a.active} and the {b.active} are {'the same' if ans else 'different'}",
+            f"the {b.active} is {'' if ans else 'not '}the {a.active}",
+            2,
+        )
+    if kind == "carry":
+        ans = a.weight >= 3 * b.weight
+        return Question(
+            f"Could a {a.name} carry three {b.name}s if it can carry its own weight?",
+            ans,
+            ((a, "weight"), (b, "weight")),
+            f"3 * {b.weight} = {3 * b.weight}, and {a.weight} >= {3 * b.weight} is {_tf(ans)}",
+            f"{3 * b.weight} <= {a.weight} is {_tf(ans)}",
+            3,
+        )
+    if kind == "two_legs":
+        ans = 2 * a.legs > b.legs
+        return Question(
+            f"Do two {a.name}s have more legs in total than a {b.name}?",
+            ans,
+            ((a, "legs"), (b, "legs")),
+            f"2 * {a.legs} = {2 * a.legs}, and {2 * a.legs} > {b.legs} is {_tf(ans)}",
+            f"{b.legs} < {2 * a.legs} is {_tf(ans)}",
+            3,
+        )
+    ans = a.weight + b.weight > c.weight
+    return Question(
+        f"Could a {a.name} and a {b.name} together outweigh a {c.name}?",
+        ans,
+        ((a, "weight"), (b, "weight"), (c, "weight")),
+        f"{a.weight} + {b.weight} = {a.weight + b.weight}, and {a.weight + b.weight} > {c.weight} is {_tf(ans)}",
+        f"{c.weight} < {a.weight + b.weight} is {_tf(ans)}",
+        4,
+    )
+
+
+def _tf(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _yn(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def render_e1(q: Question) -> str:
+    out = ["<think>", "This needs some facts I have to recall first. I split the question into sub-questions."]
+    for number, (creature, attribute) in enumerate(q.facts, start=1):
+        out.append(f"{number}. {creature.sub_question(attribute)} {creature.fact(attribute)}")
+    out.append(f"{len(q.facts) + 1}. Now I combine them: {q.comparison}.")
+    out += ["</think>", f"So the answer is {_yn(q.answer)}."]
+    return "\n".join(out)
+
+
+def render_e2(q: Question, rng: random.Random) -> str:
+    out = ["The question comes down to one comparison. I recall the facts it needs, starting from the last one."]
+    facts = list(reversed(q.facts))
+    slip_at = rng.randrange(len(facts)) if rng.random() < 0.3 else -1
+    for index, (creature, attribute) in enumerate(facts):
+        if index == slip_at and attribute in ("legs", "weight"):
+            true_value = getattr(creature, attribute)
+            wrong = true_value + (2 if attribute == "legs" else 10)
+            unit = "legs" if attribute == "legs" else "kg"
+            out.append(
+                f"A {creature.name} has about {wrong} {unit}... wait, that is not right. {creature.fact(attribute)}"
+            )
+        else:
+            out.append(creature.fact(attribute))
+    out.append(f"Comparing: {q.comparison}.")
+    out.append(f"Let me double-check from the other side: {q.reverse}. Both agree.")
+    out.append(f"So the answer is {_yn(q.answer)}.")
+    return "\n".join(out)
+
+
+def generate(rng: random.Random, count: int) -> tuple[list[tuple[dict[str, object], Question]], list[Creature]]:
+    """`count` distinct questions as official-format StrategyQA rows, balanced yes/no."""
+    kb = knowledge_base(rng)
+    seen: set[str] = set()
+    out: list[tuple[dict[str, object], Question]] = []
+    yes = 0
+    while len(out) < count:
+        q = make_question(rng, kb)
+        if q.text in seen or (q.answer and yes >= (count + 1) // 2) or (not q.answer and len(out) - yes >= count // 2):
+            continue
+        seen.add(q.text)
+        yes += q.answer
+        row = {
+            "qid": f"toy{len(out):05d}",
+            "term": q.facts[0][0].name,
+            "description": "invented creature",
+            "question": q.text,
+            "answer": q.answer,
+            "facts": [creature.fact(attribute) for creature, attribute in q.facts],
+            "decomposition": [creature.sub_question(attribute) for creature, attribute in q.facts] + [q.comparison],
+        }
+        out.append((row, q))
+    return out, kb

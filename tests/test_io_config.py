@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from meml.cli import main
+from meml.config import load_config
+from meml.io import DataError, atomic_open, atomic_write_text
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "old\n")
+    with pytest.raises(RuntimeError), atomic_open(target) as handle:
+        handle.write("half")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_default_config_fills_defaults() -> None:
+    cfg = load_config()
+    assert cfg["profile"] == "toy" and cfg["reward"]["mode"] == "lenient"
+    assert cfg["toy"]["sizes"]["gsm8k"] == [800, 200]
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"field 'toy'.*'sizez' was unexpected"):
+        load_config(overrides={"toy.sizez": 1})
+    with pytest.raises(DataError, match=r"field 'reward.mode'"):
+        load_config(overrides={"reward.mode": "loose"})
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(DataError, match="config file not found"):
+        load_config(missing)
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prepare", "--dataset", "svamp", "--out", str(tmp_path)]) == 2
+    assert "unknown data set 'svamp'" in capsys.readouterr().err
+    assert main(["prepare", "--dataset", "gsm8k", "--local", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    assert "local folder for gsm8k not found" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""The toy world: determinism, formats, expert styles that differ, and a real difficulty range."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+from pathlib import Path
+
+from meml.answers import is_correct
+from meml.experts import read_trajectories
+from meml.records import read_records
+from meml.toy.stats import world_stats
+from meml.toy.world import build_world
+
+SIZES = {"gsm8k": (40, 10), "strategyqa": (40, 10), "mathqa": (40, 10)}
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def test_same_seed_gives_byte_identical_files(tmp_path: Path) -> None:
+    build_world(tmp_path / "a", 3, SIZES)
+    build_world(tmp_path / "b", 3, SIZES)
+    build_world(tmp_path / "c", 4, SIZES)
+    files = _files(tmp_path / "a")
+    # per data set: 3 prepared files, 3 trajectory sets; raw: 2 (GSM8K), 3 (StrategyQA with its facts), 2 (MathQA)
+    assert files == _files(tmp_path / "b") and len(files) == 3 * 3 + 3 * 3 + 2 + 3 + 2
+    _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", files, shallow=False)
+    assert not mismatch and not errors
+    assert (tmp_path / "a" / "data/gsm8k/train.jsonl").read_bytes() != (
+        tmp_path / "c" / "data/gsm8k/train.jsonl"
+    ).read_bytes()
+
+
+def test_raw_files_are_in_the_real_formats(small_world: Path) -> None:
+    gsm = json.loads((small_world / "raw/gsm8k/train.jsonl").read_text().splitlines()[0])
+    assert set(gsm) == {"question", "answer"} and "<<" in gsm["answer"] and "\n#### " in gsm["answer"]
+    sqa = json.loads((small_world / "raw/strategyqa/train.json").read_text())[0]
+    assert {"qid", "question", "answer", "facts", "decomposition"} <= set(sqa) and isinstance(sqa["answer"], bool)
+    mqa = json.loads((small_world / "raw/mathqa/train.json").read_text())[0]
+    assert set(mqa) == {"Problem", "Rationale", "options", "correct", "annotated_formula", "linear_formula", "category"}
+    assert mqa["options"].startswith("a ) ") and mqa["correct"] in "abcde"
+
+
+def test_every_trajectory_is_judged_correct_and_styles_differ(small_world: Path) -> None:
+    for ds in ("gsm8k", "strategyqa", "mathqa"):
+        records = {r.id: r for r in read_records(small_world / f"data/{ds}/train.jsonl")}
+        texts = {}
+        for k in range(3):
+            triples = read_trajectories(small_world / f"experts/{ds}/e{k}.jsonl", records)
+            assert len(triples) == len(records)
+            for record, expert, completion in triples:
+                assert expert == k
+                assert is_correct(completion, ds, record.answer, "strict", record.options)
+            texts[k] = [c for _, _, c in triples]
+        assert all("<think>" in t and "</think>" in t for t in texts[1])
+        assert not any("<think>" in t for t in texts[0] + texts[2])
+        # E2 re-checks; at least some of its trajectories catch and correct a slip
+        assert sum(("check" in t.lower()) for t in texts[2]) == len(texts[2])
+        assert any(w in " ".join(texts[2]).lower() for w in ("wait", "hmm"))
+        mean = {k: sum(len(t.split()) for t in v) / len(v) for k, v in texts.items()}
+        assert mean[1] > mean[0] and mean[2] > mean[0]
+
+
+def test_difficulty_range_and_balance(small_world: Path) -> None:
+    stats = world_stats(small_world)
+    assert set(stats) == {"gsm8k", "strategyqa", "mathqa"}
+    for ds, s in stats.items():
+        assert (s["train"], s["test"]) == (60, 20)
+        assert len(s["difficulty"]) >= 3, ds  # easy and hard questions alike
+    assert stats["strategyqa"]["answers"] == {"no": 40, "yes": 40}
+    assert len(stats["mathqa"]["answers"]) == 5
