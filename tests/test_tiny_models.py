@@ -63,3 +63,10 @@ def test_same_seed_same_weights(small_world: Path, tmp_path: Path) -> None:
     wa = AutoModelForCausalLM.from_pretrained(a["llama"]).state_dict()
     wb = AutoModelForCausalLM.from_pretrained(b["llama"]).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_unknown_model_kind_is_a_clear_error(small_world: Path, tmp_path: Path) -> None:
+    from meml.io import DataError
+
+    with pytest.raises(DataError, match="unknown tiny model 'gpt2'; known: qwen2, llama"):
+        build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path, seed=0, vocab_size=400, kinds=["gpt2"])

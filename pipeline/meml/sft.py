@@ -1,0 +1,116 @@
+"""MEF, multi-expert fine-tuning, with trl's SFTTrainer.
+
+L_MEF = - sum_k sum_{(Q, O) in E_k} log p(O | Q, P_k): every example carries its expert's system
+prompt through the chat template, and the loss covers the assistant tokens only (the template
+marks them). Train on any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
+for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
+from .io import DataError, atomic_write_json
+from .records import read_records
+
+
+def sft_examples(
+    data_dir: str | Path, experts_dir: str | Path, experts: Sequence[int], prompts: Sequence[str] = DEFAULT_PROMPTS
+) -> list[dict[str, Any]]:
+    """Conversational examples {"messages": [system P_k, user Q, assistant O]} for the chosen experts."""
+    records = {r.id: r for r in read_records(Path(data_dir) / "train.jsonl")}
+    examples = []
+    for k in experts:
+        path = Path(experts_dir) / f"e{k}.jsonl"
+        for record, expert, completion in read_trajectories(path, records):
+            if expert != k:
+                raise DataError(f"file of expert {k} holds a trajectory of expert {expert}", path)
+            examples.append({"messages": [*chat_messages(record, k, prompts), {"role": "assistant", "content": completion}]})
+    if not examples:
+        raise DataError(f"no SFT examples for experts {list(experts)}", experts_dir)
+    return examples
+
+
+def device_settings(device: str) -> dict[str, Any]:
+    """trl/transformers settings per device: fp32 on CPU (bf16 off, no checkpointing), bf16 on GPU."""
+    if device == "cpu":
+        return {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False}
+    return {"use_cpu": False, "bf16": True, "gradient_checkpointing": True}
+
+
+def run_sft(
+    model_dir: str | Path,
+    data_dir: str | Path,
+    experts_dir: str | Path,
+    out_dir: str | Path,
+    experts: Sequence[int],
+    settings: dict[str, Any],
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    seed: int = 0,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Fine-tune `model_dir` on the experts' trajectories; the model is saved to `out_dir/model`.
+
+    `settings`: lr, epochs, batch_size, grad_accum, max_length, warmup_ratio, scheduler.
+    `out_dir/DONE` (JSON summary) is written last; a folder without it is never trusted.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    out = Path(out_dir)
+    if (out / "DONE").is_file():
+        return dict(json.loads((out / "DONE").read_text()))
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        raise DataError("model has no chat template; SFT needs one that marks assistant turns", model_dir)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    examples = sft_examples(data_dir, experts_dir, experts, prompts)
+    config = SFTConfig(
+        output_dir=str(work),
+        learning_rate=float(settings["lr"]),
+        num_train_epochs=float(settings["epochs"]),
+        per_device_train_batch_size=int(settings["batch_size"]),
+        gradient_accumulation_steps=int(settings.get("grad_accum", 1)),
+        lr_scheduler_type=str(settings.get("scheduler", "cosine")),
+        warmup_steps=float(settings.get("warmup_ratio", 0.0)),
+        max_length=int(settings["max_length"]),
+        assistant_only_loss=True,
+        packing=False,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        **device_settings(device),
+    )
+    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(examples),
+                         processing_class=tokenizer)
+    started = time.time()
+    result = trainer.train()
+    summary = {
+        "examples": len(examples),
+        "experts": list(experts),
+        "train_loss": round(float(result.training_loss), 4),
+        "steps": int(result.global_step),
+        "seconds": round(time.time() - started, 1),
+        "loss_curve": [round(float(h["loss"]), 4) for h in trainer.state.log_history if "loss" in h],
+    }
+    from .tiny_models import save_atomically
+
+    save_atomically(out / "model", tokenizer, trainer.model)
+    shutil.rmtree(work, ignore_errors=True)
+    atomic_write_json(out / "DONE", summary)
+    return summary
