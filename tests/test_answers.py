@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from meml.answers import (
     RewardConfig,
     canonical_answer_line,

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from meml.cli import main
 from meml.config import load_config
 from meml.io import DataError, atomic_open, atomic_write_text

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from meml.io import DataError
 from meml.loaders import load_hub, load_local, parse_mathqa_options
 from meml.records import read_records, write_records

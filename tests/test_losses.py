@@ -77,12 +77,14 @@ def test_clipping_and_kl_by_hand() -> None:
 
 
 def test_iml_pairs_pick_best_and_worst() -> None:
-    rewards = torch.tensor([
-        [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]],  # best 0, worst 1, O+ = rollout 0
-        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]],  # all tie: no pair
-        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],  # nobody correct: no pair
-        [[0.0, 0.0, 0.0], [0.0, 0.0, 9.0], [0.0, 1.0, 0.0]],  # expert 1's third slot is padding
-    ])
+    rewards = torch.tensor(
+        [
+            [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]],  # best 0, worst 1, O+ = rollout 0
+            [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]],  # all tie: no pair
+            [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],  # nobody correct: no pair
+            [[0.0, 0.0, 0.0], [0.0, 0.0, 9.0], [0.0, 1.0, 0.0]],  # expert 1's third slot is padding
+        ]
+    )
     valid = torch.ones_like(rewards, dtype=torch.bool)
     valid[3, 1, 2] = False
     pairs = iml_pairs(rewards, rewards > 0.5, valid)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from meml.experts import DEFAULT_PROMPTS, chat_messages
 from meml.records import read_records
 from meml.tiny_models import build_tiny_models, toy_corpus
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,10 @@ class HardExampleBuffer:
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or not 0 <= self.threshold <= 1 or not 0 <= self.insert_prob <= 1:
-            raise ValueError(f"bad buffer settings: capacity {self.capacity}, threshold {self.threshold}, "
-                             f"insert_prob {self.insert_prob}")
+            raise ValueError(
+                f"bad buffer settings: capacity {self.capacity}, threshold {self.threshold}, "
+                f"insert_prob {self.insert_prob}"
+            )
         self._rng = random.Random(f"hsft-{self.seed}")
 
     @property

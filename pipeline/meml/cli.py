@@ -94,6 +94,112 @@ def cmd_agreement(args: argparse.Namespace) -> None:
     atomic_write_text(Path(args.out) / "agreement.md", text + "\n")
 
 
+def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
+    return "-".join(f"e{k}" for k in sorted(experts))
+
+
+def _method(cfg: dict[str, Any], name: str) -> Any:
+    from .rl import Method
+
+    if name not in cfg["methods"]:
+        raise DataError(f"unknown method '{name}'; known: {', '.join(cfg['methods'])}", None, None, "methods")
+    method = Method.from_config(name, cfg["methods"][name])
+    n_prompts = len(_prompts(cfg))
+    for key in ("sft_experts", "rl_experts"):
+        bad = [k for k in getattr(method, key) if k >= n_prompts]
+        if bad:
+            raise DataError(
+                f"expert(s) {bad} have no system prompt (experts 0..{n_prompts - 1})",
+                None,
+                None,
+                f"methods.{name}.{key}",
+            )
+    return method
+
+
+def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
+    from .experts import DEFAULT_PROMPTS
+
+    return tuple(cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS)
+
+
+def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
+    root = Path(args.results or f"results/{cfg['profile']}")
+    world = root / "toy"
+    return {
+        "root": root,
+        "data": world / "data" / args.dataset,
+        "experts": world / "experts" / args.dataset,
+        "models": root / "models",
+    }
+
+
+def cmd_sft(args: argparse.Namespace) -> None:
+    from .records import check_dataset_name
+    from .sft import run_sft
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    experts = [int(k) for k in args.experts.split(",")] if args.experts else list(_method(cfg, args.method).sft_experts)
+    paths = _paths(cfg, args)
+    model_dir = Path(args.model_dir) if args.model_dir else paths["models"] / args.model
+    out = Path(args.out) if args.out else paths["root"] / "sft" / args.model / args.dataset / sft_variant(experts)
+    summary = run_sft(
+        model_dir, paths["data"], paths["experts"], out, experts, cfg["sft"], _prompts(cfg), cfg["seed"], cfg["device"]
+    )
+    print(f"SFT {sft_variant(experts)} on {args.dataset}: loss {summary['train_loss']} -> {out}")
+
+
+def cmd_rl(args: argparse.Namespace) -> None:
+    from .records import check_dataset_name
+    from .rl import run_rl
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    method = _method(cfg, args.method)
+    paths = _paths(cfg, args)
+    sft_dir = (
+        Path(args.sft_dir)
+        if args.sft_dir
+        else (paths["root"] / "sft" / args.model / args.dataset / sft_variant(method.sft_experts) / "model")
+    )
+    if not (sft_dir / "config.json").is_file():
+        raise DataError("SFT model not found (run `meml sft` for this method first)", sft_dir)
+    out = (
+        Path(args.out)
+        if args.out
+        else (paths["root"] / "rl" / args.model / args.dataset / args.method / f"seed{args.seed}")
+    )
+    cell_key = f"{cfg['profile']}/{args.model}/{args.dataset}/{args.method}/seed{args.seed}"
+    params = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "method": cfg["methods"][args.method],
+        "seed": args.seed,
+        "rl": cfg["rl"],
+        "reward": cfg["reward"],
+    }
+    summary = run_rl(
+        cfg["rl"],
+        method,
+        sft_dir,
+        paths["data"],
+        paths["experts"],
+        out,
+        seed=args.seed,
+        prompts=_prompts(cfg),
+        reward_mode=cfg["reward"]["mode"],
+        format_bonus=cfg["reward"]["format_bonus"],
+        cell_key=cell_key,
+        params=params,
+        mlflow_settings=cfg["mlflow"],
+    )
+    print(
+        f"RL {args.method} on {args.dataset}: reward {summary['reward_first']:.3f} -> "
+        f"{summary['reward_last']:.3f} -> {out}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meml", description="MEML-GRPO reproduction harness")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +235,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datasets", default="../shared/datasets", help="folder with gsm8k/, strategyqa/, mathqa/")
     p.add_argument("--out", default="results/agreement", help="where agreement.{json,md} and the mismatches go")
     p.set_defaults(func=cmd_agreement)
+
+    def with_cell(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default="qwen2", help="model name: a folder under results/<profile>/models/")
+        p.add_argument("--dataset", required=True, help="gsm8k, strategyqa or mathqa")
+        p.add_argument("--results", default=None, help="results root (default results/<profile>)")
+        p.add_argument("--out", default=None, help="run folder (default: named by the run's values)")
+
+    p = sub.add_parser("sft", help="multi-expert SFT (MEF)")
+    with_config(p)
+    with_cell(p)
+    p.add_argument("--experts", default=None, help="comma-separated expert ids, e.g. 0,1,2")
+    p.add_argument("--method", default="MEML-GRPO", help="take the experts from this method's sft_experts")
+    p.add_argument("--model-dir", default=None, help="base model folder (default: the tiny model)")
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("rl", help="one RL cell (GRPO, Dr.GRPO, MEML-GRPO or any configured method)")
+    with_config(p)
+    with_cell(p)
+    p.add_argument("--method", required=True, help="a method named in the config's `methods`")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sft-dir", default=None, help="the SFT model to start from (default: the method's SFT run)")
+    p.set_defaults(func=cmd_rl)
 
     args = parser.parse_args(argv)
     try:

@@ -66,8 +66,11 @@ class HFEngine:
                 for row, p in enumerate(chunk):
                     ids[row, width - len(p) :] = torch.tensor(p)
                     mask[row, width - len(p) :] = 1
-                kwargs: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "eos_token_id": self.eos,
-                                          "pad_token_id": self.pad}
+                kwargs: dict[str, Any] = {
+                    "max_new_tokens": sampling.max_new_tokens,
+                    "eos_token_id": self.eos,
+                    "pad_token_id": self.pad,
+                }
                 if sampling.greedy:
                     kwargs.update(do_sample=False)
                 else:

@@ -31,7 +31,9 @@ def sft_examples(
         for record, expert, completion in read_trajectories(path, records):
             if expert != k:
                 raise DataError(f"file of expert {k} holds a trajectory of expert {expert}", path)
-            examples.append({"messages": [*chat_messages(record, k, prompts), {"role": "assistant", "content": completion}]})
+            examples.append(
+                {"messages": [*chat_messages(record, k, prompts), {"role": "assistant", "content": completion}]}
+            )
     if not examples:
         raise DataError(f"no SFT examples for experts {list(experts)}", experts_dir)
     return examples
@@ -88,7 +90,7 @@ def run_sft(
         max_length=int(settings["max_length"]),
         assistant_only_loss=True,
         packing=False,
-        logging_steps=10,
+        logging_steps=5,
         save_strategy="no",
         report_to="none",
         seed=seed,
@@ -96,8 +98,9 @@ def run_sft(
         dataloader_num_workers=0,
         **device_settings(device),
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(examples),
-                         processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
+    )
     started = time.time()
     result = trainer.train()
     summary = {

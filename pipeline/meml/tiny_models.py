@@ -141,9 +141,6 @@ def build_tiny_models(
     kinds: Iterable[str] = ("qwen2", "llama"),
 ) -> dict[str, Path]:
     """Train one tokenizer on the corpus and save one random-initialised model per kind."""
-    import torch
-
-    torch.use_deterministic_algorithms(True)
     tokenizer = train_tokenizer(corpus, vocab_size)
     out = {}
     for kind in kinds:

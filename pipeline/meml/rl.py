@@ -1,0 +1,399 @@
+"""RIEL, the RL stage: one GRPO loop for GRPO, Dr.GRPO and MEML-GRPO.
+
+Read it top to bottom. A method is a set of switches (config `methods.<name>`), never a code path:
+    rl_experts  which experts sample rollouts (one for the Expert1 baselines, three for MoE / MEML)
+    advantage   "grpo" (subtract the subgroup mean, divide by its std) or "drgrpo" (no std, constant
+                length normaliser)
+    iml         inter-expert mutual learning, weighted by rl.lambda_iml
+    hsft        the hard-example buffer and its SFT updates, weighted by rl.lambda_sft
+
+One step, for Q questions and E experts:
+    1. sample Q questions (a seeded permutation per epoch; the position is checkpointed)
+    2. every expert e samples n_e rollouts under its own system prompt   -> tensors (Q, E, R)
+       `split`: G rollouts shared among the experts (8 -> 3/3/2); `per_expert`: G each
+    3. rewards from the answer checker                                  -> rewards, correct (Q, E, R)
+    4. advantages inside each (question, expert) subgroup                -> (Q, E, R)
+    5. IML pairs: best and worst expert per question, O+ a correct rollout of the best
+    6. HSFT: experts failing a question more often than K/G offer it to the buffer; when the buffer
+       is full its contents become an SFT batch and it is emptied
+    7. `updates_per_batch` optimiser steps on
+           L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only)
+    8. metrics; a checkpoint every `checkpoint_every` steps
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import checkpoint
+from .answers import has_canonical_format, is_correct
+from .buffer import HardExample, HardExampleBuffer
+from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
+from .io import DataError, atomic_write_json
+from .losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from .records import Record, read_records
+from .rollout import HFEngine, RolloutEngine, Sampling, prompt_ids
+from .tracking import Tracker
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    sft_experts: tuple[int, ...]
+    rl_experts: tuple[int, ...]
+    advantage: str
+    iml: bool
+    hsft: bool
+
+    @classmethod
+    def from_config(cls, name: str, switches: dict[str, Any]) -> Method:
+        return cls(
+            name,
+            tuple(switches["sft_experts"]),
+            tuple(switches["rl_experts"]),
+            switches["advantage"],
+            bool(switches["iml"]),
+            bool(switches["hsft"]),
+        )
+
+
+def rollouts_per_expert(group_size: int, n_experts: int, spread: str) -> list[int]:
+    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each."""
+    if spread == "per_expert":
+        return [group_size] * n_experts
+    if spread != "split":
+        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert")
+    if group_size < n_experts:
+        raise DataError(f"group size {group_size} cannot be split among {n_experts} experts")
+    return [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
+
+
+class QuestionOrder:
+    """Questions in a seeded random order, a new permutation each epoch; resumable by its state."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch, self.position = n, seed, 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.position == self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._perm = self._permutation()
+            out.append(self._perm[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._perm = self._permutation()
+
+
+def completion_logprobs(
+    model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int, with_entropy: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-token log p of each completion given its prompt, one right-padded forward pass.
+
+    Returns logp (N, T), mask (N, T) and, if asked, the entropy of each predicted token (N, T).
+    """
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+    width, t_max = max(lengths), max(len(c) for c in completions)
+    device = next(model.parameters()).device
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    index = torch.zeros((len(prompts), t_max), dtype=torch.long)
+    mask = torch.zeros((len(prompts), t_max), dtype=torch.bool)
+    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+        attention[row, : len(p) + len(c)] = 1
+        # logits at position t predict token t + 1: completion token j sits at len(p) + j
+        index[row, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+        mask[row, : len(c)] = True
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits.float()
+    picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))  # (N, T, V)
+    log_probs = torch.log_softmax(picked, dim=-1)
+    targets = torch.zeros_like(index)
+    for row, c in enumerate(completions):
+        targets[row, : len(c)] = torch.tensor(c)
+    logp = log_probs.gather(-1, targets.to(device)[..., None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
+    return logp * mask.to(device), mask.to(device), entropy
+
+
+def run_rl(
+    settings: dict[str, Any],
+    method: Method,
+    model_dir: str | Path,
+    data_dir: str | Path,
+    experts_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    prompts: tuple[str, ...] | list[str] = DEFAULT_PROMPTS,
+    reward_mode: str = "lenient",
+    format_bonus: float = 0.0,
+    cell_key: str = "",
+    params: dict[str, Any] | None = None,
+    mlflow_settings: dict[str, Any] | None = None,
+    engine: RolloutEngine | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train `model_dir` with RL; writes out_dir/{metrics.jsonl, model/, DONE}. Resumes from the
+    last complete checkpoint in out_dir/checkpoints. `stop_after` simulates a kill (tests)."""
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    if (out / "DONE").is_file():
+        return dict(json.loads((out / "DONE").read_text()))
+    s = settings
+    Q, G = int(s["questions_per_step"]), int(s["group_size"])
+    experts = list(method.rl_experts)
+    counts = rollouts_per_expert(G, len(experts), s["spread"])
+    E, R = len(experts), max(counts)
+    sampling = Sampling(int(s["max_new_tokens"]), float(s["temperature"]), float(s["top_p"]))
+
+    # ---------------------------------------------------------------- setup
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy.train()
+    reference = None
+    if float(s["beta"]) > 0:
+        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        reference.requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["lr"]), weight_decay=0.0)
+    warmup = max(1, int(s.get("warmup_steps", 0)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+    engine = engine or HFEngine(policy, tokenizer, batch_size=int(s["rollout_batch_size"]))
+    records = read_records(Path(data_dir) / "train.jsonl")
+    by_id = {r.id: r for r in records}
+    solutions = _hsft_solutions(s["buffer"]["solution"], records, experts_dir)
+    buf = HardExampleBuffer(
+        int(s["buffer"]["capacity"]), float(s["buffer"]["threshold"]), float(s["buffer"]["insert_prob"]), seed
+    )
+    order = QuestionOrder(len(records), seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    start = 0
+    last = checkpoint.latest(out / "checkpoints")
+    if last is not None:
+        state = checkpoint.load(last)
+        policy.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        order.load_state_dict(state["order"])
+        buf.load_state_dict(state["buffer"])
+        checkpoint.set_rng_state(state["rng"])
+        start = int(state["step"])
+        engine.sync_weights(policy)
+    tracker = Tracker(out, cell_key or method.name, params or {}, mlflow_settings, resume_from_step=start)
+
+    steps = int(s["steps"])
+    bar = tqdm(range(start, steps), desc=f"RL {method.name}", initial=start, total=steps, disable=not progress)
+    for step in bar:
+        t0 = time.time()
+        # ------------------------------------------------------------ 1. questions
+        batch: list[Record] = [records[i] for i in order.take(Q)]
+        prompt = [[prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k in experts] for r in batch]  # [Q][E]
+
+        # ------------------------------------------------------------ 2. rollouts  (Q, E, R)
+        completions: list[list[list[Any]]] = [[[] for _ in experts] for _ in batch]
+        for e in range(E):
+            sampled = engine.generate([prompt[q][e] for q in range(Q)], counts[e], sampling)
+            for q in range(Q):
+                completions[q][e] = sampled[q]
+        rollout_seconds = time.time() - t0
+
+        # ------------------------------------------------------------ 3. rewards  (Q, E, R)
+        rewards = torch.zeros(Q, E, R)
+        correct = torch.zeros(Q, E, R, dtype=torch.bool)
+        valid = torch.zeros(Q, E, R, dtype=torch.bool)
+        for q, record in enumerate(batch):
+            for e in range(E):
+                for r, c in enumerate(completions[q][e]):
+                    ok = is_correct(c.text, record.dataset, record.answer, reward_mode, record.options)
+                    bonus = format_bonus if format_bonus and has_canonical_format(c.text, record.dataset) else 0.0
+                    correct[q, e, r], valid[q, e, r] = ok, True
+                    rewards[q, e, r] = float(ok) + bonus
+
+        # ------------------------------------------------------------ 4. advantages  (Q, E, R)
+        advantages = subgroup_advantages(rewards, valid, method.advantage)
+
+        # flatten the valid rollouts into N sequences
+        cells = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
+        seq_prompts = [prompt[q][e] for q, e, _ in cells]
+        seq_completions = [completions[q][e][r].token_ids or [eos] for q, e, r in cells]
+        seq_adv = torch.tensor([float(advantages[q, e, r]) for q, e, r in cells])
+
+        # ------------------------------------------------------------ 5. IML pairs
+        pairs = iml_pairs(rewards, correct, valid) if method.iml else []
+        iml_strong = [prompt[p.question][p.best] for p in pairs]
+        iml_weak = [prompt[p.question][p.worst] for p in pairs]
+        iml_tokens = [completions[p.question][p.best][p.rollout].token_ids for p in pairs]
+
+        # ------------------------------------------------------------ 6. HSFT buffer
+        inserted, sft_batch = 0, []
+        if method.hsft:
+            for q, record in enumerate(batch):
+                for e, k in enumerate(experts):
+                    failure_rate = 1.0 - float(correct[q, e, : counts[e]].float().mean())
+                    inserted += buf.offer(HardExample(record.id, k), failure_rate)
+            if buf.full:
+                sft_batch = buf.drain()
+        sft_prompts = [prompt_ids(tokenizer, chat_messages(by_id[h.question_id], h.expert, prompts)) for h in sft_batch]
+        sft_targets = [tokenizer(solutions(h), add_special_tokens=False)["input_ids"] + [eos] for h in sft_batch]
+
+        # ------------------------------------------------------------ 7. updates
+        old_logp = None
+        ref_logp = None
+        with torch.no_grad():
+            if int(s["updates_per_batch"]) > 1:
+                old_logp, _, _ = completion_logprobs(policy, seq_prompts, seq_completions, pad)
+            if reference is not None:
+                ref_logp, _, _ = completion_logprobs(reference, seq_prompts, seq_completions, pad)
+        stats: dict[str, float] = {}
+        for update in range(int(s["updates_per_batch"])):
+            logp, mask, entropy = completion_logprobs(policy, seq_prompts, seq_completions, pad, with_entropy=True)
+            pl = policy_loss(
+                logp,
+                logp.detach() if old_logp is None else old_logp,
+                seq_adv,
+                mask,
+                method.advantage,
+                float(s["clip_eps"]),
+                int(s["max_new_tokens"]),
+                ref_logp,
+                float(s["beta"]),
+            )
+            loss = pl.loss
+            l_iml = torch.zeros(())
+            if pairs:
+                strong, iml_mask, _ = completion_logprobs(policy, iml_strong, iml_tokens, pad)
+                weak, _, _ = completion_logprobs(policy, iml_weak, iml_tokens, pad)
+                l_iml = iml_loss(strong, weak, iml_mask)
+                loss = loss + float(s["lambda_iml"]) * l_iml
+            l_sft = torch.zeros(())
+            if sft_batch and update == 0:
+                sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
+                l_sft = sft_loss(sft_logp, sft_mask)
+                loss = loss + float(s["lambda_sft"]) * l_sft
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(s["max_grad_norm"]))
+            optimizer.step()
+            scheduler.step()
+            if update == 0:
+                assert entropy is not None
+                stats = {
+                    "loss/policy": pl.loss.item(),
+                    "loss/total": loss.item(),
+                    "loss/iml": l_iml.item(),
+                    "loss/sft": l_sft.item(),
+                    "kl": pl.kl,
+                    "clip_fraction": pl.clip_fraction,
+                    "entropy": float((entropy * mask).sum() / mask.sum()),
+                    "grad_norm": float(grad_norm),
+                }
+        engine.sync_weights(policy)
+
+        # ------------------------------------------------------------ 8. metrics
+        seconds = time.time() - t0
+        tokens = sum(len(completions[q][e][r].token_ids) for q, e, r in cells)
+        metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
+        for e, k in enumerate(experts):
+            sub = correct[:, e, : counts[e]].float().mean(-1)  # (Q,) success rate of each subgroup
+            metrics[f"reward/expert{k}"] = float(rewards[:, e, : counts[e]].mean())
+            metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
+            metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
+        question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
+        metrics.update(
+            {
+                "subgroups/all_wrong": float(
+                    torch.stack([(correct[:, e, : counts[e]].float().mean(-1) == 0) for e in range(E)]).float().mean()
+                ),
+                "questions/none_correct": float((~question_any).float().mean()),
+                "iml/pairs": float(len(pairs)),
+                "hsft/inserted": float(inserted),
+                "hsft/buffer_fill": float(len(buf.items)),
+                "hsft/flushes": float(buf.flushes),
+                "hsft/sft_examples": float(len(sft_batch)),
+                "completion/length_mean": tokens / len(cells),
+                "completion/finished_fraction": sum(completions[q][e][r].finished for q, e, r in cells) / len(cells),
+                "perf/step_seconds": seconds,
+                "perf/rollout_seconds": rollout_seconds,
+                "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),
+                "lr": float(scheduler.get_last_lr()[0]),
+                **stats,
+            }
+        )
+        tracker.log(step, metrics)
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
+
+        # ------------------------------------------------------------ checkpoint
+        done_steps = step + 1
+        if done_steps % int(s["checkpoint_every"]) == 0 or done_steps == steps:
+            checkpoint.save(
+                out / "checkpoints",
+                done_steps,
+                {
+                    "step": done_steps,
+                    "model": policy.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "order": order.state_dict(),
+                    "buffer": buf.state_dict(),
+                    "rng": checkpoint.rng_state(),
+                },
+            )
+        if stop_after is not None and done_steps >= stop_after and done_steps < steps:
+            tracker.close("KILLED")
+            raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
+
+    # ---------------------------------------------------------------- final model and summary
+    from .tiny_models import save_atomically
+
+    save_atomically(out / "model", tokenizer, policy)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    summary = {
+        "method": method.name,
+        "steps": steps,
+        "final": lines[-1] if lines else {},
+        "reward_first": lines[0]["reward/mean"] if lines else None,
+        "reward_last": lines[-1]["reward/mean"] if lines else None,
+    }
+    tracker.log_artifact(out / "metrics.jsonl")
+    tracker.close()
+    atomic_write_json(out / "DONE", summary)
+    return summary
+
+
+def _hsft_solutions(source: str, records: list[Record], experts_dir: str | Path) -> Any:
+    """The solution stored for a hard example: the ground-truth rationale (default), or the
+    expert's own trajectory for that question when one exists (`expert_trajectory`)."""
+    by_id = {r.id: r for r in records}
+    if source == "ground_truth":
+        return lambda h: by_id[h.question_id].rationale
+    if source != "expert_trajectory":
+        raise DataError(f"unknown HSFT solution source '{source}'; known: ground_truth, expert_trajectory")
+    trajectories: dict[tuple[str, int], str] = {}
+    for path in sorted(Path(experts_dir).glob("e*.jsonl")):
+        for record, k, completion in read_trajectories(path, by_id):
+            trajectories[(record.id, k)] = completion
+    return lambda h: trajectories.get((h.question_id, h.expert), by_id[h.question_id].rationale)

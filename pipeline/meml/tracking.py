@@ -1,0 +1,97 @@
+"""Step metrics: always a JSONL file in the run folder; also MLflow when enabled.
+
+One MLflow run per cell, tagged `cell_key` (a deterministic key of the values that define the
+cell) and found again by it, so a re-run or a resumed run never creates a second MLflow run.
+Metric names use only characters MLflow accepts (letters, digits, _ - . / and space).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .io import atomic_write_text
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+def metric_name(name: str) -> str:
+    return _BAD_CHARS.sub("_", name)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+class Tracker:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cell_key: str,
+        params: dict[str, Any],
+        mlflow_settings: dict[str, Any] | None = None,
+        resume_from_step: int = 0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._keep_steps_before(resume_from_step)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._mlflow: Any = None
+        settings = mlflow_settings or {}
+        if settings.get("enabled"):
+            self._start_mlflow(cell_key, params, settings)
+
+    def _keep_steps_before(self, step: int) -> None:
+        """On resume, drop the lines of steps after the checkpoint: they are about to be redone."""
+        if not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] < step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def _start_mlflow(self, cell_key: str, params: dict[str, Any], settings: dict[str, Any]) -> None:
+        import mlflow
+
+        mlflow.set_tracking_uri(settings["tracking_uri"])
+        experiment = mlflow.set_experiment(settings["experiment"])
+        found = mlflow.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.cell_key = '{cell_key}'",
+            output_format="list",
+            max_results=1,
+        )
+        if found:
+            run = mlflow.start_run(run_id=found[0].info.run_id)
+        else:
+            run = mlflow.start_run(run_name=cell_key, tags={"cell_key": cell_key})
+            flat = {k: str(v)[:500] for k, v in flatten(params).items()}
+            for start in range(0, len(flat), 100):
+                mlflow.log_params(dict(list(flat.items())[start : start + 100]))
+        atomic_write_text(self.run_dir / "mlflow_run_id", run.info.run_id + "\n")
+        self._mlflow = mlflow
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {metric_name(k): float(v) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.flush()
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(clean, step=step)
+
+    def log_artifact(self, path: str | Path) -> None:
+        if self._mlflow is not None:
+            self._mlflow.log_artifact(str(path))
+
+    def close(self, status: str = "FINISHED") -> None:
+        self._file.close()
+        if self._mlflow is not None:
+            self._mlflow.end_run(status=status)
+            self._mlflow = None

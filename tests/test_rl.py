@@ -1,0 +1,190 @@
+"""The RL loop end to end on tiny models: methods, expert prompts, IML and HSFT firing, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from meml.config import load_config
+from meml.experts import DEFAULT_PROMPTS
+from meml.records import read_records
+from meml.rl import Method, QuestionOrder, rollouts_per_expert, run_rl
+from meml.rollout import Completion, HFEngine, Sampling
+from meml.sft import run_sft
+from meml.tiny_models import build_tiny_models, toy_corpus
+
+CONFIG = load_config()
+METHODS = CONFIG["methods"]
+
+
+def tiny_settings(**changes: Any) -> dict[str, Any]:
+    settings = json.loads(json.dumps(CONFIG["rl"]))
+    settings.update(
+        steps=2, questions_per_step=2, group_size=4, max_new_tokens=12, checkpoint_every=1, rollout_batch_size=16
+    )
+    settings["buffer"].update(capacity=2)
+    settings.update(changes)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def base_model(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rl_models")
+    return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["qwen2"]
+
+
+def test_rollout_spread() -> None:
+    assert rollouts_per_expert(8, 3, "split") == [3, 3, 2]
+    assert rollouts_per_expert(8, 1, "split") == [8]
+    assert rollouts_per_expert(8, 3, "per_expert") == [8, 8, 8]
+
+
+def test_question_order_is_seeded_and_resumable() -> None:
+    a = QuestionOrder(5, seed=1)
+    first = a.take(7)
+    assert sorted(first[:5]) == list(range(5))  # an epoch is a permutation
+    state = a.state_dict()
+    b = QuestionOrder(5, seed=1)
+    b.load_state_dict(state)
+    assert a.take(6) == b.take(6)
+
+
+class ScriptedEngine:
+    """Answers every expert-1 prompt correctly and every other expert wrongly; records the prompts."""
+
+    def __init__(self, tokenizer: Any, answers: dict[str, str]) -> None:
+        self.tokenizer, self.answers, self.calls = tokenizer, answers, []
+
+    def sync_weights(self, model: Any) -> None:
+        pass
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: Sampling) -> list[list[Completion]]:
+        out = []
+        for p in prompts:
+            text = self.tokenizer.decode(list(p))
+            self.calls.append(text)
+            question_answer = next(a for q, a in self.answers.items() if q in text)
+            reply = f"#### {question_answer}" if DEFAULT_PROMPTS[1] in text else "#### 100000"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append([Completion(ids, reply, True) for _ in range(n)])
+        return out
+
+
+def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
+    small_world: Path, base_model: Path, tmp_path: Path
+) -> None:
+    data = small_world / "data/gsm8k"
+    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
+    run_rl(
+        tiny_settings(),
+        method,
+        base_model,
+        data,
+        small_world / "experts/gsm8k",
+        tmp_path,
+        engine=engine,
+        progress=False,
+    )
+    # 2 steps x 3 experts, 2 questions each; call order is expert 0, 1, 2 within a step
+    assert len(engine.calls) == 12
+    for i, text in enumerate(engine.calls):
+        expert = (i // 2) % 3
+        assert f"<|im_start|>system\n{DEFAULT_PROMPTS[expert]}<|im_end|>" in text
+        assert all(DEFAULT_PROMPTS[k] not in text for k in range(3) if k != expert)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1]
+    for m in lines:
+        assert m["reward/expert1"] == 1.0 and m["reward/expert0"] == 0.0
+        assert m["subgroups/all_wrong/expert0"] == 1.0 and m["subgroups/all_correct/expert1"] == 1.0
+        assert m["iml/pairs"] == 2.0 and m["loss/iml"] != 0  # expert 1 beats the worst on both questions
+    assert lines[0]["hsft/flushes"] + lines[1]["hsft/flushes"] >= 1  # capacity 2, 4 hard offers a step
+    assert any(m["loss/sft"] > 0 for m in lines)
+    assert (tmp_path / "DONE").is_file() and (tmp_path / "model/config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def sft_model(small_world: Path, base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sft")
+    settings = dict(CONFIG["sft"], epochs=1, max_length=384, batch_size=16)
+    summary = run_sft(base_model, small_world / "data/gsm8k", small_world / "experts/gsm8k", out, [0, 1, 2], settings)
+    assert summary["examples"] == 180 and summary["loss_curve"][-1] < summary["loss_curve"][0]
+    return out / "model"
+
+
+def test_sft_trains_on_assistant_tokens_with_expert_prompts(small_world: Path, sft_model: Path) -> None:
+    from meml.sft import sft_examples
+
+    examples = sft_examples(small_world / "data/gsm8k", small_world / "experts/gsm8k", [1])
+    assert len(examples) == 60
+    assert all(e["messages"][0]["content"] == DEFAULT_PROMPTS[1] for e in examples)
+    assert all("<think>" in e["messages"][2]["content"] for e in examples)
+    assert AutoModelForCausalLM.from_pretrained(sft_model).config.model_type == "qwen2"
+
+
+@pytest.mark.parametrize(
+    "name", ["Expert1-SFT-GRPO", "Expert1-SFT-Dr.GRPO", "MoE-SFT-GRPO", "MoE-SFT-Dr.GRPO", "MEML-GRPO"]
+)
+def test_every_method_runs_end_to_end(name: str, small_world: Path, sft_model: Path, tmp_path: Path) -> None:
+    method = Method.from_config(name, METHODS[name])
+    summary = run_rl(
+        tiny_settings(),
+        method,
+        sft_model,
+        small_world / "data/gsm8k",
+        small_world / "experts/gsm8k",
+        tmp_path,
+        progress=False,
+    )
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and summary["steps"] == 2
+    expected = {f"reward/expert{k}" for k in METHODS[name]["rl_experts"]}
+    assert expected <= set(lines[0]) and all(torch.isfinite(torch.tensor(m["loss/total"])) for m in lines)
+
+
+def _metrics_without_timings(path: Path) -> list[dict[str, float]]:
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_killed_and_restarted_run_equals_uninterrupted(small_world: Path, sft_model: Path, tmp_path: Path) -> None:
+    method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
+    settings = tiny_settings(steps=4, checkpoint_every=2, updates_per_batch=2)
+    args = (method, sft_model, small_world / "data/gsm8k", small_world / "experts/gsm8k")
+    run_rl(settings, *args, tmp_path / "whole", seed=3, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_rl(settings, *args, tmp_path / "killed", seed=3, stop_after=3, progress=False)
+    assert not (tmp_path / "killed/DONE").exists()
+    assert len((tmp_path / "killed/metrics.jsonl").read_text().splitlines()) == 3  # step 3 ran, unsaved
+    run_rl(settings, *args, tmp_path / "killed", seed=3, progress=False)  # the same command again
+    assert _metrics_without_timings(tmp_path / "whole/metrics.jsonl") == _metrics_without_timings(
+        tmp_path / "killed/metrics.jsonl"
+    )
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "whole/model").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "killed/model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_incomplete_checkpoint_is_never_resumed(tmp_path: Path) -> None:
+    from meml import checkpoint
+
+    checkpoint.save(tmp_path, 2, {"step": 2})
+    (tmp_path / "step-000004").mkdir()  # a checkpoint killed before its COMPLETE marker
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-000002"
+
+
+def test_hf_engine_returns_completions_per_prompt(base_model: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(base_model)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(base_model), tok, batch_size=3)
+    prompts = [tok("a b", add_special_tokens=False)["input_ids"], tok("c", add_special_tokens=False)["input_ids"]]
+    torch.manual_seed(0)
+    out = engine.generate(prompts, 2, Sampling(max_new_tokens=5))
+    assert [len(x) for x in out] == [2, 2]
+    assert all(len(c.token_ids) <= 5 and tok.pad_token_id not in c.token_ids for x in out for c in x)
