@@ -3,13 +3,16 @@
     .venv/bin/python scripts/bench_rl.py --model results/toy/sft/qwen2/gsm8k/e0-e1-e2/model \
         --data results/toy/toy/data/gsm8k --experts results/toy/toy/experts/gsm8k
 
-Three runs on the same model, data, G = 8, eight questions a step and the same completion length:
+Four runs on the same model, data, G = 8, eight questions a step and the same completion limit:
     grpo   our loop, Expert1-SFT-GRPO switches (one expert, 8 rollouts)
+    moe    our loop, MoE-SFT-GRPO switches (three experts 3/3/2; the same rollouts as MEML)
     meml   our loop, MEML-GRPO switches (three experts 3/3/2, IML and HSFT on)
     trl    trl's GRPOTrainer (expert 1's prompt, 8 generations, beta 0)
+MEML/MoE isolates the cost of IML and HSFT (same prompts, same rollouts); MEML/GRPO is the
+issue's ratio at the same total number of rollouts, but its experts write shorter completions.
 Each runs in its own process (so peak memory is its own); the order is repeated `--rounds` times
 and the median step time is kept. The first step of each run is a warm-up and is not counted.
-Prints MEML/GRPO and ours/trl step-time ratios and the peak resident memory of each.
+Prints the step-time ratios and the peak resident memory of each.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_config()
     steps = args.steps + 1
-    if kind in ("grpo", "meml"):
+    if kind in ("grpo", "moe", "meml"):
         from meml.rl import Method, run_rl
 
-        name = "Expert1-SFT-GRPO" if kind == "grpo" else "MEML-GRPO"
+        name = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}[kind]
         settings = dict(
             cfg["rl"],
             steps=steps,
@@ -76,6 +79,7 @@ def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dic
     from trl import GRPOConfig, GRPOTrainer
 
     from meml.answers import is_correct
+    from meml.config import load_config
     from meml.experts import chat_messages
     from meml.records import read_records
 
@@ -110,7 +114,7 @@ def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dic
             report_to="none",
             logging_steps=1,
             save_strategy="no",
-            temperature=1.0,
+            temperature=float(load_config()["rl"]["temperature"]),  # the same sampling as our loop
             top_p=1.0,
             loss_type="grpo",
             disable_tqdm=True,
@@ -138,13 +142,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="max completion tokens")
     parser.add_argument("--buffer", type=int, default=16, help="HSFT buffer capacity (small so that it flushes)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--only", choices=["grpo", "meml", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["grpo", "moe", "meml", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
     if args.only:
         print("RESULT " + json.dumps(measure(args.only, args)))
         return
-    results: dict[str, list[dict[str, Any]]] = {"grpo": [], "meml": [], "trl": []}
+    results: dict[str, list[dict[str, Any]]] = {"grpo": [], "moe": [], "meml": [], "trl": []}
     for _ in range(args.rounds):
         for kind in results:
             cmd = [sys.executable, __file__, *sys.argv[1:], "--only", kind]
@@ -156,11 +160,12 @@ def main() -> None:
     summary = {
         "median_step_seconds": {k: round(v, 3) for k, v in median.items()},
         "meml_over_grpo": round(median["meml"] / median["grpo"], 3),
+        "meml_over_moe": round(median["meml"] / median["moe"], 3),
         "ours_over_trl": round(median["grpo"] / median["trl"], 3),
         "peak_rss_mb": peak,
         "meml_iml_pairs_per_step": results["meml"][0]["iml_pairs_per_step"],
         "meml_hsft_flushes": results["meml"][0]["hsft_flushes"],
-        "completion_tokens_mean": {k: results[k][0].get("completion_tokens_mean") for k in ("grpo", "meml")},
+        "completion_tokens_mean": {k: results[k][0].get("completion_tokens_mean") for k in ("grpo", "moe", "meml")},
         "settings": {
             "questions_per_step": 8,
             "group_size": 8,

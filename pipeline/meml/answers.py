@@ -51,8 +51,9 @@ def _match_value(m: re.Match[str]) -> float:
 
 
 def numbers_in(text: str) -> list[float]:
-    """Every number in the text, in order; commas, $, signs, decimals and a/b fractions handled."""
-    return [v for v in (_match_value(m) for m in _NUMBER.finditer(_clean_number_text(text))) if not math.isnan(v)]
+    """Every number in the text, in order; commas, $, signs, decimals and a/b fractions handled.
+    Runaway digit strings that overflow a float (a degenerate sample) are skipped."""
+    return [v for v in (_match_value(m) for m in _NUMBER.finditer(_clean_number_text(text))) if math.isfinite(v)]
 
 
 def parse_number(text: str) -> float | None:
@@ -60,17 +61,19 @@ def parse_number(text: str) -> float | None:
     text = _clean_number_text(text.strip())
     mixed = re.fullmatch(r"\s*(-\s?)?(\d+)\s+(\d+)\s*/\s*(\d+)\s*(.*)", text)
     if mixed and int(mixed.group(4)) and not re.search(r"\d", mixed.group(5)):
-        value = int(mixed.group(2)) + int(mixed.group(3)) / int(mixed.group(4))
+        value = float(mixed.group(2)) + float(mixed.group(3)) / float(mixed.group(4))
+        if not math.isfinite(value):
+            return None
         return -value if mixed.group(1) else value
     matches = list(_NUMBER.finditer(text))
     if not matches:
         return None
     value = _match_value(matches[0])
-    if math.isnan(value):
+    if not math.isfinite(value):
         return None
     if "\u03c0" in text[matches[0].end() : matches[0].end() + 3]:
         value *= math.pi
-    return value
+    return value if math.isfinite(value) else None
 
 
 def format_number(value: float) -> str:
@@ -124,7 +127,8 @@ def _latex_value(latex: str) -> float | None:
         parsed = parse("$" + latex + "$", parsing_timeout=None)  # type: ignore[arg-type]
         for item in parsed:
             if hasattr(item, "is_number") and item.is_number:
-                return float(item)
+                value = float(item)
+                return value if math.isfinite(value) else None
     except Exception:  # math-verify raises on some malformed LaTeX; treat as no answer
         return None
     return None

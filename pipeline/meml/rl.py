@@ -308,7 +308,7 @@ def run_rl(
                     "loss/sft": l_sft.item(),
                     "kl": pl.kl,
                     "clip_fraction": pl.clip_fraction,
-                    "entropy": float((entropy * mask).sum() / mask.sum()),
+                    "entropy": float((entropy.detach() * mask).sum() / mask.sum()),
                     "grad_norm": float(grad_norm),
                 }
         engine.sync_weights(policy)

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from meml.tracking import Tracker, flatten, metric_name
+
+
+def test_metric_names_and_flatten() -> None:
+    assert metric_name("subgroups/all_wrong/expert1") == "subgroups/all_wrong/expert1"
+    assert metric_name("reward (mean)%") == "reward _mean__"
+    assert flatten({"rl": {"buffer": {"capacity": 64}}, "seed": 0}) == {"rl.buffer.capacity": 64, "seed": 0}
+
+
+def test_jsonl_is_truncated_to_the_resumed_step(tmp_path: Path) -> None:
+    t = Tracker(tmp_path, "cell", {})
+    for step in range(5):
+        t.log(step, {"reward/mean": step / 10})
+    t.close()
+    resumed = Tracker(tmp_path, "cell", {}, resume_from_step=3)
+    resumed.log(3, {"reward/mean": 0.9})
+    resumed.close()
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+
+
+def test_mlflow_run_is_found_again_by_its_cell_key(tmp_path: Path) -> None:
+    import mlflow
+
+    settings = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "test"}
+    for attempt in range(2):  # a re-run of the same cell
+        t = Tracker(tmp_path / "run", "toy/qwen2/gsm8k/MEML-GRPO/seed0", {"rl": {"lr": 1e-4}}, settings)
+        t.log(attempt, {"reward/mean": 0.5})
+        t.close()
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
+    assert len(runs) == 1
+    assert runs[0].data.params["rl.lr"] == "0.0001"
+    history = mlflow.MlflowClient().get_metric_history(runs[0].info.run_id, "reward/mean")
+    assert sorted(m.step for m in history) == [0, 1]
+    assert (tmp_path / "run/mlflow_run_id").read_text().strip() == runs[0].info.run_id
