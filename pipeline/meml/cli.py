@@ -200,6 +200,38 @@ def cmd_rl(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_eval(args: argparse.Namespace) -> None:
+    from .evaluate import evaluate
+    from .records import check_dataset_name
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    experts = [int(k) for k in args.experts.split(",")]
+    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/toy/data")
+    report = evaluate(
+        args.checkpoint,
+        args.dataset,
+        experts,
+        data_root,
+        args.out,
+        base_model=args.base_model,
+        prompts=_prompts(cfg),
+        backend=args.backend,
+        batch_size=args.batch_size,
+        device="cpu" if cfg["device"] == "cpu" else "cuda",
+        limit=args.limit,
+        world="real" if args.real else "toy",
+    )
+    for which, block in report.items():
+        for name, e in block["experts"].items():
+            print(
+                f"{which} {name}: strict {e['strict']:.3f} lenient {e['lenient']:.3f} "
+                f"({e['seconds_per_100_questions']} s per 100 questions)"
+            )
+        if "majority_vote" in block:
+            print(f"{which} majority vote: {block['majority_vote']['lenient']:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meml", description="MEML-GRPO reproduction harness")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-dir", default=None, help="the SFT model to start from (default: the method's SFT run)")
     p.set_defaults(func=cmd_rl)
+
+    p = sub.add_parser("eval", help="accuracy per expert prompt through lm-eval, and the majority vote")
+    with_config(p)
+    p.add_argument("--checkpoint", required=True, help="model folder to evaluate")
+    p.add_argument("--dataset", required=True, help="gsm8k, strategyqa or mathqa")
+    p.add_argument("--experts", default="0,1,2", help="comma-separated expert ids")
+    p.add_argument("--data-root", default=None, help="prepared data folder (default results/<profile>/toy/data)")
+    p.add_argument("--real", action="store_true", help="name the lm-eval tasks as the real data sets'")
+    p.add_argument("--base-model", default=None, help="also evaluate this untrained base model the same way")
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--limit", type=int, default=None, help="only the first N test questions")
+    p.add_argument("--out", required=True, help="JSON report")
+    p.set_defaults(func=cmd_eval)
 
     args = parser.parse_args(argv)
     try:
