@@ -10,6 +10,7 @@ meml agreement    check the answer checker against real gold rationales
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,32 @@ def cmd_eval(args: argparse.Namespace) -> None:
             print(f"{which} majority vote: {block['majority_vote']['lenient']:.3f}")
 
 
+def cmd_complementarity(args: argparse.Namespace) -> None:
+    from .complementarity import run
+    from .records import check_dataset_name
+    from .rollout import Sampling
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    experts = [int(k) for k in args.experts.split(",")]
+    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/toy/data")
+    sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
+    title = args.title or f"{args.dataset}: {args.k} samples per expert, temperature {sampling.temperature}"
+    stats = run(
+        args.checkpoint,
+        data_root / args.dataset / f"{args.split}.jsonl",
+        experts,
+        args.k,
+        sampling,
+        args.out,
+        title,
+        prompts=_prompts(cfg),
+        limit=args.limit,
+        seed=cfg["seed"],
+    )
+    print(json.dumps({k: v for k, v in stats.items() if k != "patterns"}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meml", description="MEML-GRPO reproduction harness")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -303,6 +330,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="only the first N test questions")
     p.add_argument("--out", required=True, help="JSON report")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("complementarity", help="expert complementarity: error overlap of k samples per expert")
+    with_config(p)
+    p.add_argument("--checkpoint", required=True, help="the MEF model")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--experts", default="0,1,2")
+    p.add_argument("--k", type=int, default=8, help="samples per expert and question")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--title", default=None)
+    p.add_argument("--out", required=True, help="output stem: <out>.json, <out>.png, <out>.pdf")
+    p.set_defaults(func=cmd_complementarity)
 
     args = parser.parse_args(argv)
     try:

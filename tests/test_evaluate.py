@@ -1,0 +1,94 @@
+"""Evaluation through lm-eval on a tiny model: agreement with the checker, majority vote, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from meml.complementarity import complementarity
+from meml.evaluate import evaluate, majority_vote
+from meml.experts import DEFAULT_PROMPTS
+from meml.io import DataError
+from meml.lm_tasks import TASKS_DIR, expected_files
+from meml.tiny_models import build_tiny_models, toy_corpus
+
+
+@pytest.fixture(scope="module")
+def model(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("eval_models")
+    return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["llama"]
+
+
+def test_committed_task_files_match_the_generator() -> None:
+    for name, text in expected_files().items():
+        assert (TASKS_DIR / name).read_text() == text, f"{name} is stale: run python -m meml.lm_tasks"
+
+
+def test_majority_vote_tie_rule() -> None:
+    assert majority_vote(["3", "4", "4"]) == "4"
+    assert majority_vote(["3", "4", "5"]) == "3"  # three-way tie: the lowest-numbered expert
+    assert majority_vote([None, "4", "5"]) == "4"  # invalid answers do not vote
+    assert majority_vote([None, None, None]) is None
+
+
+def test_lm_eval_accuracy_equals_the_checker_on_the_same_generations(
+    small_world: Path, model: Path, tmp_path: Path
+) -> None:
+    report = evaluate(model, "mathqa", [0, 1], small_world / "data", tmp_path / "eval.json", limit=6, batch_size=6)
+    block = report["model"]
+    assert block["questions"] == 6 and set(block["experts"]) == {"e0", "e1"}
+    for name, e in block["experts"].items():
+        assert e["lenient"] == pytest.approx(e["lenient_by_checker"])
+        direct = sum(q[name]["lenient_correct"] for q in block["samples"]) / 6
+        assert e["lenient"] == pytest.approx(direct)
+        assert e["seconds_per_100_questions"] > 0
+    assert all("e0" in q and "e1" in q and "majority_vote" in q for q in block["samples"])
+    assert (tmp_path / "eval.json").is_file()
+
+
+def test_bad_input_fails_before_generation(small_world: Path, model: Path, tmp_path: Path) -> None:
+    data = small_world / "data"
+    with pytest.raises(DataError, match="checkpoint folder not found"):
+        evaluate(tmp_path / "nope", "gsm8k", [0], data, tmp_path / "x.json")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "model").mkdir()
+    for f in model.iterdir():
+        (run / "model" / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(DataError, match="has not finished"):
+        evaluate(run / "model", "gsm8k", [0], data, tmp_path / "x.json")
+    with pytest.raises(DataError, match="unknown expert 7"):
+        evaluate(model, "gsm8k", [7], data, tmp_path / "x.json")
+    empty = tmp_path / "empty"
+    (empty / "gsm8k").mkdir(parents=True)
+    (empty / "gsm8k" / "test.jsonl").write_text("")
+    with pytest.raises(DataError, match="file is empty"):
+        evaluate(model, "gsm8k", [0], empty, tmp_path / "x.json")
+    no_template = tmp_path / "no_template"
+    no_template.mkdir()
+    for f in model.iterdir():
+        if f.name != "chat_template.jinja":
+            (no_template / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(DataError, match="no chat template"):
+        evaluate(no_template, "gsm8k", [0], data, tmp_path / "x.json")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_complementarity_statistics_by_hand() -> None:
+    # 2 questions, 2 experts, 2 draws. correct[q, e, j]
+    correct = torch.tensor(
+        [
+            [[True, False], [False, False]],  # q0: e0 right in draw 0 only; e1 always wrong
+            [[False, False], [True, True]],  # q1: e0 always wrong; e1 always right
+        ]
+    )
+    s = complementarity(correct, [0, 1])
+    assert s["error_rate"] == {"e0": 0.75, "e1": 0.5}
+    assert s["all_wrong"] == 0.25  # q0 draw 1
+    assert s["all_wrong_among_wrong"] == pytest.approx(round(1 / 4, 4))  # every (q, j) has someone wrong
+    assert s["at_least_one_correct"] == 0.75
+    assert s["solved_by_another"] == {"e0": round(2 / 3, 4), "e1": 0.5}
+    assert s["pass_at_k"] == {"e0": 0.5, "e1": 0.5} and s["pass_at_k_pooled"] == 1.0
+    assert s["patterns"] == {"none": 0.0, "e1": 0.25, "e0": 0.5, "e0+e1": 0.25}
