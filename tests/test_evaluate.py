@@ -92,3 +92,16 @@ def test_complementarity_statistics_by_hand() -> None:
     assert s["solved_by_another"] == {"e0": round(2 / 3, 4), "e1": 0.5}
     assert s["pass_at_k"] == {"e0": 0.5, "e1": 0.5} and s["pass_at_k_pooled"] == 1.0
     assert s["patterns"] == {"none": 0.0, "e1": 0.25, "e0": 0.5, "e0+e1": 0.25}
+
+
+def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
+    import importlib.util
+
+    from meml.evaluate import _make_model
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(DataError, match="needs the GPU extra"):
+        _make_model(model, "vllm", 8, "cuda")
+    with pytest.raises(DataError, match="unknown evaluation backend"):
+        _make_model(model, "tgi", 8, "cpu")
