@@ -12,6 +12,7 @@ from meml.evaluate import evaluate, majority_vote
 from meml.experts import DEFAULT_PROMPTS
 from meml.io import DataError
 from meml.lm_tasks import TASKS_DIR, expected_files
+from meml.records import read_records
 from meml.tiny_models import build_tiny_models, toy_corpus
 
 
@@ -36,9 +37,13 @@ def test_majority_vote_tie_rule() -> None:
 def test_lm_eval_accuracy_equals_the_checker_on_the_same_generations(
     small_world: Path, model: Path, tmp_path: Path
 ) -> None:
-    report = evaluate(model, "mathqa", [0, 1], small_world / "data", tmp_path / "eval.json", limit=6, batch_size=6)
+    report = evaluate(
+        model, "mathqa", [0, 1], small_world / "data", tmp_path / "eval.json", limit=6, batch_size=6, max_new_tokens=24
+    )
     block = report["model"]
     assert block["questions"] == 6 and set(block["experts"]) == {"e0", "e1"}
+    wanted = read_records(small_world / "data/mathqa/test.jsonl")[:6]  # the files it was pointed at
+    assert [(q["id"], q["gold"]) for q in block["samples"]] == [(r.id, r.answer) for r in wanted]
     for name, e in block["experts"].items():
         assert e["lenient"] == pytest.approx(e["lenient_by_checker"])
         direct = sum(q[name]["lenient_correct"] for q in block["samples"]) / 6
@@ -105,3 +110,60 @@ def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
         _make_model(model, "vllm", 8, "cuda")
     with pytest.raises(DataError, match="unknown evaluation backend"):
         _make_model(model, "tgi", 8, "cpu")
+
+
+def test_complementarity_command_writes_json_and_figures(
+    small_world: Path, model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from meml.cli import main
+
+    out = tmp_path / "comp" / "gsm8k"
+    args = [
+        "complementarity",
+        "--checkpoint",
+        str(model),
+        "--dataset",
+        "gsm8k",
+        "--data-root",
+        str(small_world / "data"),
+        "--limit",
+        "3",
+        "--set",
+        "rl.max_new_tokens=4",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    stats = json.loads(out.with_suffix(".json").read_text())
+    assert stats["questions"] == 3 and stats["samples_per_expert"] == 8  # eval.complementarity_samples
+    assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".pdf").stat().st_size > 0
+    assert '"error_rate"' in capsys.readouterr().out
+
+
+def test_eval_command_takes_backend_and_batch_from_config(small_world: Path, model: Path, tmp_path: Path) -> None:
+    import json
+
+    from meml.cli import main
+
+    out = tmp_path / "eval.json"
+    args = [
+        "eval",
+        "--checkpoint",
+        str(model),
+        "--dataset",
+        "strategyqa",
+        "--experts",
+        "1",
+        "--data-root",
+        str(small_world / "data"),
+        "--limit",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    report = json.loads(out.read_text())["model"]
+    assert report["backend"] == "hf" and report["questions"] == 2 and "majority_vote" not in report
+    assert main([*args[:-2], "--set", "eval.backend=vllm", "--out", str(out)]) == 2  # no vLLM here: clear error

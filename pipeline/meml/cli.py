@@ -217,11 +217,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
         args.out,
         base_model=args.base_model,
         prompts=_prompts(cfg),
-        backend=args.backend,
-        batch_size=args.batch_size,
+        backend=args.backend or cfg["eval"]["backend"],
+        batch_size=args.batch_size or cfg["eval"]["batch_size"],
         device="cpu" if cfg["device"] == "cpu" else "cuda",
         limit=args.limit,
         world="real" if args.real else "toy",
+        max_new_tokens=args.max_new_tokens,
     )
     for which, block in report.items():
         for name, e in block["experts"].items():
@@ -243,12 +244,13 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     experts = [int(k) for k in args.experts.split(",")]
     data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/toy/data")
     sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
-    title = args.title or f"{args.dataset}: {args.k} samples per expert, temperature {sampling.temperature}"
+    k = args.k or cfg["eval"]["complementarity_samples"]
+    title = args.title or f"{args.dataset}: {k} samples per expert, temperature {sampling.temperature}"
     stats = run(
         args.checkpoint,
         data_root / args.dataset / f"{args.split}.jsonl",
         experts,
-        args.k,
+        k,
         sampling,
         args.out,
         title,
@@ -328,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default=None, choices=["hf", "vllm"], help="default: eval.backend")
     p.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
     p.add_argument("--limit", type=int, default=None, help="only the first N test questions")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override the tasks' generation limit")
     p.add_argument("--out", required=True, help="JSON report")
     p.set_defaults(func=cmd_eval)
 

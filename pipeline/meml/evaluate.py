@@ -96,8 +96,10 @@ def evaluate_model(
     device: str = "cpu",
     limit: int | None = None,
     world: str = "toy",
+    max_new_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Evaluate one model on one data set's test split under each expert's prompt."""
+    """Evaluate one model on one data set's test split under each expert's prompt.
+    `max_new_tokens` overrides the tasks' generation limit (the tasks allow 384-512)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -119,7 +121,10 @@ def evaluate_model(
     per_question: dict[str, dict[str, Any]] = {r.id: {"id": r.id, "gold": r.answer} for r in records}
     with tempfile.TemporaryDirectory() as tasks_dir:
         write_tasks(Path(tasks_dir), prompts)
-        manager = TaskManager(include_path=tasks_dir, include_defaults=False)
+        # the task reads exactly these questions (not lm-eval's `limit`, whose choice may differ);
+        # custom_dataset hooks get their kwargs from the TaskManager's metadata
+        metadata = {"data_root": str(data_root), "max_questions": limit or 0}
+        manager = TaskManager(include_path=tasks_dir, include_defaults=False, metadata=metadata)
         for k in experts:
             name = task_name(world, dataset, k)
             started = time.time()
@@ -129,8 +134,8 @@ def evaluate_model(
                 task_manager=manager,
                 apply_chat_template=True,
                 log_samples=True,
-                limit=limit,
-                metadata={"data_root": str(data_root)},
+                metadata=metadata,
+                gen_kwargs={"max_gen_toks": max_new_tokens} if max_new_tokens else None,
                 bootstrap_iters=0,
             )
             seconds = time.time() - started
