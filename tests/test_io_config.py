@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
         raise RuntimeError("interrupted")
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
 
 
 def test_default_config_fills_defaults() -> None:
