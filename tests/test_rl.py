@@ -64,15 +64,18 @@ class ScriptedEngine:
     def sync_weights(self, model: Any) -> None:
         pass
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: Sampling) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
+    ) -> list[list[Completion]]:
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
         out = []
-        for p in prompts:
+        for p, k in zip(prompts, counts, strict=True):
             text = self.tokenizer.decode(list(p))
             self.calls.append(text)
             question_answer = next(a for q, a in self.answers.items() if q in text)
             reply = f"#### {question_answer}" if DEFAULT_PROMPTS[1] in text else "#### 100000"
             ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            out.append([Completion(ids, reply, True) for _ in range(n)])
+            out.append([Completion(ids, reply, True) for _ in range(k)])
         return out
 
 
@@ -93,10 +96,10 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
         engine=engine,
         progress=False,
     )
-    # 2 steps x 3 experts, 2 questions each; call order is expert 0, 1, 2 within a step
+    # 2 steps x 2 questions x 3 experts; within a step the prompts go question by question, expert 0, 1, 2
     assert len(engine.calls) == 12
     for i, text in enumerate(engine.calls):
-        expert = (i // 2) % 3
+        expert = i % 3
         assert f"<|im_start|>system\n{DEFAULT_PROMPTS[expert]}<|im_end|>" in text
         assert all(DEFAULT_PROMPTS[k] not in text for k in range(3) if k != expert)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -187,4 +190,5 @@ def test_hf_engine_returns_completions_per_prompt(base_model: Path) -> None:
     torch.manual_seed(0)
     out = engine.generate(prompts, 2, Sampling(max_new_tokens=5))
     assert [len(x) for x in out] == [2, 2]
+    assert [len(x) for x in engine.generate(prompts, [3, 1], Sampling(max_new_tokens=5))] == [3, 1]
     assert all(len(c.token_ids) <= 5 and tok.pad_token_id not in c.token_ids for x in out for c in x)

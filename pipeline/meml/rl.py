@@ -9,7 +9,8 @@ Read it top to bottom. A method is a set of switches (config `methods.<name>`), 
 
 One step, for Q questions and E experts:
     1. sample Q questions (a seeded permutation per epoch; the position is checkpointed)
-    2. every expert e samples n_e rollouts under its own system prompt   -> tensors (Q, E, R)
+    2. every expert e samples n_e rollouts under its own system prompt, all in one batched call
+                                                                         -> tensors (Q, E, R)
        `split`: G rollouts shared among the experts (8 -> 3/3/2); `per_expert`: G each
     3. rewards from the answer checker                                  -> rewards, correct (Q, E, R)
     4. advantages inside each (question, expert) subgroup                -> (Q, E, R)
@@ -215,10 +216,11 @@ def run_rl(
 
         # ------------------------------------------------------------ 2. rollouts  (Q, E, R)
         completions: list[list[list[Any]]] = [[[] for _ in experts] for _ in batch]
-        for e in range(E):
-            sampled = engine.generate([prompt[q][e] for q in range(Q)], counts[e], sampling)
-            for q in range(Q):
-                completions[q][e] = sampled[q]
+        # one call for every (question, expert) prompt, each with its expert's rollout count
+        sampled = engine.generate([prompt[q][e] for q in range(Q) for e in range(E)], counts * Q, sampling)
+        for q in range(Q):
+            for e in range(E):
+                completions[q][e] = sampled[q * E + e]
         rollout_seconds = time.time() - t0
 
         # ------------------------------------------------------------ 3. rewards  (Q, E, R)

@@ -1,7 +1,8 @@
 """Rollout engines: turn prompts into sampled completions. The RL loop sees only this interface,
 so a vLLM engine can plug in later without touching the loop.
 
-    engine.generate(prompt_ids, n, sampling) -> list of n completions per prompt (token ids, text)
+    engine.generate(prompt_ids, n, sampling) -> n completions per prompt (token ids, text); n is one
+                                                count for all prompts or one count per prompt
     engine.sync_weights(model)               -> make the engine sample from the current policy
 
 The HF engine samples from the policy module itself, so its weights are always current; an
@@ -31,7 +32,9 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: Sampling) -> list[list[Completion]]: ...
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
+    ) -> list[list[Completion]]: ...
 
     def sync_weights(self, model: Any) -> None: ...
 
@@ -49,10 +52,14 @@ class HFEngine:
     def sync_weights(self, model: Any) -> None:
         self.model = model  # same module object: nothing to copy
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: Sampling) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
+    ) -> list[list[Completion]]:
         import torch
 
-        flat = [list(p) for p in prompts for _ in range(n)]  # prompt i's copies are adjacent
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+        # one flat batch for all prompts (fewer decoding loops); prompt i's copies are adjacent
+        flat = [list(p) for p, k in zip(prompts, counts, strict=True) for _ in range(k)]
         out: list[Completion] = []
         was_training = self.model.training
         self.model.eval()
@@ -88,7 +95,8 @@ class HFEngine:
                     out.append(Completion(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), finished))
         if was_training:
             self.model.train()
-        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        return [out[start : start + k] for start, k in zip(starts, counts, strict=True)]
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
