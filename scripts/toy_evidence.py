@@ -4,7 +4,7 @@
         --world results/toy/toy --dataset gsm8k --steps 60 --out results/toy/evidence
 
 1. Sparsity at the start of RL: the MEF model samples G = 8 rollouts per expert (temperature from
-   the config) on `--questions` training questions; per expert, the share of questions on which
+   the config) on the first `--questions` training questions; per expert, the share of questions on which
    all of its rollouts fail, for the `split` spread (3/3/2) and for 8 rollouts each; and the share
    that no expert solves.
 2. Two RL runs from the same MEF model, seed and rollout budget (three experts, 3/3/2):
@@ -23,29 +23,24 @@ import torch
 
 
 def sparsity_at_start(sft: Path, data: Path, n_questions: int, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from meml.complementarity import sample_correctness
+    from meml.rl import rollouts_per_expert
+    from meml.rollout import Sampling
 
-    from meml.answers import is_correct
-    from meml.experts import chat_messages
-    from meml.records import read_records
-    from meml.rl import QuestionOrder, rollouts_per_expert
-    from meml.rollout import HFEngine, Sampling, prompt_ids
-
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(sft)
-    engine = HFEngine(AutoModelForCausalLM.from_pretrained(sft), tokenizer, int(settings["rollout_batch_size"]))
-    records = read_records(data / "train.jsonl")
-    batch = [records[i] for i in QuestionOrder(len(records), seed + 1).take(n_questions)]
     sampling = Sampling(int(settings["max_new_tokens"]), float(settings["temperature"]), float(settings["top_p"]))
     G = int(settings["group_size"])
-    correct = torch.zeros(len(batch), 3, G, dtype=torch.bool)
-    for k in range(3):
-        outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k)) for r in batch], G, sampling)
-        for q, (r, samples) in enumerate(zip(batch, outs, strict=True)):
-            for j, c in enumerate(samples):
-                correct[q, k, j] = is_correct(c.text, r.dataset, r.answer, "lenient", r.options)
+    correct = sample_correctness(
+        sft,
+        data / "train.jsonl",
+        [0, 1, 2],
+        G,
+        sampling,
+        limit=n_questions,
+        seed=seed,
+        batch_size=int(settings["rollout_batch_size"]),
+    )  # (Q, 3, G)
     split = rollouts_per_expert(G, 3, "split")
-    out: dict[str, Any] = {"questions": len(batch), "group_size": G, "temperature": sampling.temperature}
+    out: dict[str, Any] = {"questions": int(correct.shape[0]), "group_size": G, "temperature": sampling.temperature}
     for k in range(3):
         out[f"expert{k}"] = {
             "accuracy": round(float(correct[:, k].float().mean()), 3),

@@ -8,7 +8,7 @@ from typing import Any
 
 from .answers import answers_match, extract
 from .experts import user_message
-from .records import Record, read_records
+from .records import read_records, validate_record
 
 INVALID = "[invalid]"
 
@@ -26,13 +26,8 @@ def load_prepared(**kwargs: Any) -> dict[str, Any]:
     return {"test": Dataset.from_list([r.to_json() for r in records])}
 
 
-def _record(doc: dict[str, Any]) -> Record:
-    fields = ("id", "dataset", "split", "question", "answer", "rationale", "options", "source")
-    return Record(**{k: doc[k] for k in fields})
-
-
 def doc_to_text(doc: dict[str, Any]) -> str:
-    return user_message(_record(doc))
+    return user_message(validate_record(doc))
 
 
 def _extract_all(resps: list[list[str]], docs: list[dict[str, Any]], mode: str) -> list[list[str]]:
