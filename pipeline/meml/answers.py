@@ -21,7 +21,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 
 MODES = ("strict", "lenient")
 
@@ -340,18 +339,20 @@ class RewardConfig:
     format_bonus: float = 0.0  # added when the canonical answer line is present (optional format reward)
 
 
+def score(
+    text: str, dataset: str, gold: str, options: Mapping[str, str] | None = None, config: RewardConfig | None = None
+) -> tuple[bool, float]:
+    """(is it correct, its reward): 1 for a correct answer, 0 otherwise, plus `format_bonus` when the
+    canonical line is present. The RL loop needs both; one extraction serves them."""
+    config = config or RewardConfig()
+    correct = is_correct(text, dataset, gold, config.mode, options)
+    value = float(correct)
+    if config.format_bonus and has_canonical_format(text, dataset):
+        value += config.format_bonus
+    return correct, value
+
+
 def reward(
     text: str, dataset: str, gold: str, options: Mapping[str, str] | None = None, config: RewardConfig | None = None
 ) -> float:
-    """1 for a correct answer, 0 otherwise, plus `format_bonus` when the canonical line is present."""
-    config = config or RewardConfig()
-    value = 1.0 if is_correct(text, dataset, gold, config.mode, options) else 0.0
-    if config.format_bonus and has_canonical_format(text, dataset):
-        value += config.format_bonus
-    return value
-
-
-def fraction_text(value: float) -> str:
-    """Human-readable value for messages (3/4 rather than 0.75 where exact)."""
-    frac = Fraction(value).limit_denominator(1000)
-    return str(frac) if abs(float(frac) - value) < 1e-9 else format_number(value)
+    return score(text, dataset, gold, options, config)[1]

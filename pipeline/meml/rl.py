@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from . import checkpoint
-from .answers import has_canonical_format, is_correct
+from .answers import RewardConfig, score
 from .buffer import HardExample, HardExampleBuffer
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 from .io import DataError, atomic_write_json
@@ -169,6 +169,7 @@ def run_rl(
     counts = rollouts_per_expert(G, len(experts), s["spread"])
     E, R = len(experts), max(counts)
     sampling = Sampling(int(s["max_new_tokens"]), float(s["temperature"]), float(s["top_p"]))
+    reward_config = RewardConfig(reward_mode, format_bonus)
 
     # ---------------------------------------------------------------- setup
     torch.manual_seed(seed)
@@ -230,10 +231,8 @@ def run_rl(
         for q, record in enumerate(batch):
             for e in range(E):
                 for r, c in enumerate(completions[q][e]):
-                    ok = is_correct(c.text, record.dataset, record.answer, reward_mode, record.options)
-                    bonus = format_bonus if format_bonus and has_canonical_format(c.text, record.dataset) else 0.0
-                    correct[q, e, r], valid[q, e, r] = ok, True
-                    rewards[q, e, r] = float(ok) + bonus
+                    ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config)
+                    correct[q, e, r], valid[q, e, r], rewards[q, e, r] = ok, True, value
 
         # ------------------------------------------------------------ 4. advantages  (Q, E, R)
         advantages = subgroup_advantages(rewards, valid, method.advantage)

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 
-def op_symbol(op: str) -> str:
-    return {"+": "+", "-": "-", "*": "*", "/": "/"}[op]
-
-
 def apply(op: str, a: int, b: int) -> int:
     if op == "+":
         return a + b
