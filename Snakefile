@@ -1,6 +1,8 @@
 # MEML-GRPO reproduction DAG. `snakemake --cores N` runs the embedded default (toy world, CPU);
-# `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage.
+# `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage:
+#   data -> experts -> models -> sft -> rl -> eval -> analysis -> report
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -13,25 +15,66 @@ min_version("9.0")
 configfile: Path(workflow.basedir) / "config" / "default.yaml"
 validate(config, Path(workflow.basedir) / "config" / "schema.yaml")
 
+sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
+from meml import grid  # noqa: E402
+from meml.experts import DEFAULT_PROMPTS  # noqa: E402
+from meml.io import DataError  # noqa: E402
+
+N_EXPERTS = len(config["experts"].get("prompts") or DEFAULT_PROMPTS)
+try:
+    grid.check(config, N_EXPERTS)
+except DataError as err:
+    raise ValueError(f"invalid config: {err}") from None
+
 PROFILE = config["profile"]
+WORLD = config["world"]
 RESULTS = f"results/{PROFILE}"
 REPORT = f"report/{PROFILE}"
-DATASETS = list(config["toy"]["sizes"])
-TINY_MODELS = ["qwen2", "llama"]
+LOGS = f"logs/{PROFILE}"
+DATASETS = config["grid"]["datasets"]
+MODELS = grid.models(config)
+METHODS = grid.methods(config)
+CELLS = grid.cells(config)
+ALL_EXPERTS = list(range(N_EXPERTS))
+CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 # The CLI of the Python that runs Snakemake (the project venv; a conda env when --use-conda).
 MEML = f"{shlex.quote(sys.executable)} -m meml.cli"
+# Jobs use `threads` CPU threads each; the toy world never touches the network.
+ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELISM=false" + (
+    " HF_HUB_OFFLINE=1" if WORLD == "toy" else ""
+)
+GPU = 1 if config["device"] == "cuda" else 0
 
 
-def shell_override(key, value):
-    """A `--set key=value` argument for the CLI, quoted for the shell (JSON is valid YAML)."""
-    return shlex.quote(f"{key}={json.dumps(value)}")
+wildcard_constraints:
+    model="|".join(re.escape(m) for m in config["models"]),
+    ds="gsm8k|strategyqa|mathqa",
+    method="|".join(re.escape(m) for m in config["methods"]),
+    variant=r"e\d+(-e\d+)*",
+    seed=r"\d+",
+
+
+def cli_config(*sections, methods=None):
+    """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
+    in `params`, so Snakemake reruns a job exactly when a value it reads changes; `methods` narrows
+    the methods to the job's own, so editing one method reruns only that method's cells."""
+    chosen = {key: config[key] for key in sections}
+    if methods is not None:
+        chosen["methods"] = {m: config["methods"][m] for m in methods}
+    return shlex.quote(json.dumps(chosen))
 
 
 include: "pipeline/rules/data.smk"
+include: "pipeline/rules/experts.smk"
 include: "pipeline/rules/models.smk"
+include: "pipeline/rules/sft.smk"
+include: "pipeline/rules/rl.smk"
+include: "pipeline/rules/eval.smk"
+include: "pipeline/rules/analysis.smk"
+include: "pipeline/rules/report.smk"
 
 
 rule all:
     input:
-        f"{REPORT}/toy_stats.md",
-        expand(f"{RESULTS}/models/{{model}}/config.json", model=TINY_MODELS),
+        rules.report.output,
+        [f"{REPORT}/toy_stats.md"] if WORLD == "toy" else [],

@@ -80,7 +80,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     cfg = load_config()
-    settings = dict(cfg["rl"], steps=args.steps)
+    # the RL settings of the published measurement (the grid's toy defaults are smaller, for time)
+    settings = dict(cfg["rl"], steps=args.steps, questions_per_step=8, max_new_tokens=320, checkpoint_every=10)
+    settings["buffer"] = dict(settings["buffer"], capacity=64)
     data, experts = args.world / "data" / args.dataset, args.world / "experts" / args.dataset
     evidence: dict[str, Any] = {
         "sparsity_at_start": sparsity_at_start(args.sft, data, args.questions, settings, args.seed)

@@ -137,7 +137,7 @@ def test_complementarity_command_writes_json_and_figures(
     ]
     assert main(args) == 0
     stats = json.loads(out.with_suffix(".json").read_text())
-    assert stats["questions"] == 3 and stats["samples_per_expert"] == 8  # eval.complementarity_samples
+    assert stats["questions"] == 3 and stats["samples_per_expert"] == 4  # analysis.complementarity.samples
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".pdf").stat().st_size > 0
     assert '"error_rate"' in capsys.readouterr().out
 

@@ -26,7 +26,8 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
 def test_default_config_fills_defaults() -> None:
     cfg = load_config()
     assert cfg["profile"] == "toy" and cfg["reward"]["mode"] == "lenient"
-    assert cfg["toy"]["sizes"]["gsm8k"] == [800, 200]
+    assert cfg["toy"]["sizes"]["gsm8k"] == [300, 50]
+    assert cfg["grid"]["seeds"] == [0] and cfg["mlflow"]["experiment"] is None  # schema defaults
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:

@@ -175,6 +175,23 @@ def test_killed_and_restarted_run_equals_uninterrupted(small_world: Path, sft_mo
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_changed_values_discard_old_checkpoints(small_world: Path, sft_model: Path, tmp_path: Path) -> None:
+    """A run folder left by a killed run with other values (the config changed in between) is
+    not resumed: its checkpoints and metrics belong to another experiment."""
+    method = Method.from_config("MoE-SFT-GRPO", METHODS["MoE-SFT-GRPO"])
+    old, new = tiny_settings(steps=3, checkpoint_every=1, lr=0.05), tiny_settings(steps=3, checkpoint_every=1)
+    args = (method, sft_model, small_world / "data/gsm8k", small_world / "experts/gsm8k")
+    with pytest.raises(KeyboardInterrupt):
+        run_rl(old, *args, tmp_path / "run", seed=1, params={"lr": 0.05}, stop_after=2, progress=False)
+    assert (tmp_path / "run/checkpoints/step-000002").is_dir()
+    run_rl(new, *args, tmp_path / "fresh", seed=1, params={"lr": new["lr"]}, progress=False)
+    run_rl(new, *args, tmp_path / "run", seed=1, params={"lr": new["lr"]}, progress=False)
+    assert json.loads((tmp_path / "run/cell.json").read_text()) == {"lr": new["lr"]}
+    assert _metrics_without_timings(tmp_path / "run/metrics.jsonl") == _metrics_without_timings(
+        tmp_path / "fresh/metrics.jsonl"
+    )
+
+
 def test_incomplete_checkpoint_is_never_resumed(tmp_path: Path) -> None:
     from meml import checkpoint
 

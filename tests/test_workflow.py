@@ -1,44 +1,126 @@
-"""The Snakemake DAG on a smoke config, in a temporary directory."""
+"""The Snakemake DAG: the whole grid on a smoke config in a temporary directory, reruns,
+MLflow bookkeeping, and config errors that stop the run before any job."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import PROJECT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SMOKE = PROJECT / "config" / "smoke.yaml"
+TABLES = ["main", "ablation", "majority_vote", "complementarity"]
 
 
 def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp), "--cores", "1", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
+    cmd = [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp), "--cores", "2", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp)
 
 
-def test_smoke_dag_produces_its_outputs(tmp_path: Path) -> None:
-    smoke = tmp_path / "smoke.yaml"
-    smoke.write_text(
-        "profile: smoke\ntoy:\n  sizes: {gsm8k: [30, 10], strategyqa: [30, 10], mathqa: [30, 10]}\n  vocab_size: 400\n"
-    )
-    done = _run(tmp_path, "--configfile", str(smoke))
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats = json.loads((tmp_path / "report/smoke/toy_stats.json").read_text())
-    assert {ds: (s["train"], s["test"]) for ds, s in stats.items()} == {
-        "gsm8k": (30, 10),
-        "strategyqa": (30, 10),
-        "mathqa": (30, 10),
-    }
-    assert (tmp_path / "results/smoke/models/qwen2/model.safetensors").is_file()
-    again = _run(tmp_path, "--configfile", str(smoke))
+def _job_counts(output: str) -> dict[str, int]:
+    """The 'job / count' table that Snakemake prints before running (or with -n)."""
+    counts: dict[str, int] = {}
+    for match in re.finditer(r"^(\w+)\s+(\d+)$", output, re.M):
+        if match.group(1) != "total":
+            counts[match.group(1)] = int(match.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole DAG once, on one model and one data set (every rule, every table)."""
+    tmp = tmp_path_factory.mktemp("dag")
+    (tmp / "grid.yaml").write_text("grid: {models: [qwen2], datasets: [strategyqa]}\n")
+    done = _run(tmp, "--configfile", str(SMOKE), str(tmp / "grid.yaml"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return tmp
+
+
+def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:
+    report = smoke_run / "report/smoke"
+    for name in TABLES:
+        rows = [line for line in (report / f"tables/{name}.md").read_text().splitlines() if line.startswith("|")]
+        assert len(rows) >= 3 and len({row.count("|") for row in rows}) == 1, name
+        tex = (report / f"tables/{name}.tex").read_text()
+        assert tex.count(r"\begin{tabular}") == 1 and tex.count(r"\end{tabular}") == 1, name
+        body = tex.split(r"\midrule")[1].split(r"\bottomrule")[0].strip().splitlines()
+        assert len({line.count(" & ") for line in body}) == 1, name
+    assert (report / "figures/reward_curves_strategyqa.png").stat().st_size > 1000
+    assert (report / "figures/reward_curves_strategyqa.pdf").is_file()
+    assert (report / "figures/complementarity_qwen2_strategyqa.png").is_file()
+    assert "tables/main.md" in (report / "index.md").read_text()
+    assert (report / "toy_stats.md").is_file()
+    main = (report / "tables/main.md").read_text()
+    assert all(m in main for m in ["Expert1-SFT-GRPO", "MoE-SFT-Dr.GRPO", "MEML-GRPO"]) and "Toy scale" in main
+
+
+def test_second_invocation_does_nothing(smoke_run: Path) -> None:
+    again = _run(smoke_run, "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"))
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_misspelt_key_stops_before_any_job(tmp_path: Path) -> None:
+def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_run / 'results/mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["smoke"], output_format="list")
+    keys = [r.data.tags["cell_key"] for r in runs]
+    assert len(keys) == len(set(keys)) == 7 + 1  # seven methods' cells and the report run
+    cell = smoke_run / "results/smoke/rl/qwen2/strategyqa/MEML-GRPO/seed0"
+    run_id = (cell / "mlflow_run_id").read_text().strip()
+    assert json.loads((cell / "DONE").read_text())["mlflow_run_id"] == run_id
+    evaluation = json.loads((smoke_run / "results/smoke/eval/qwen2/strategyqa/MEML-GRPO/seed0.json").read_text())
+    assert evaluation["mlflow_run_id"] == run_id
+    run = mlflow.get_run(run_id)
+    assert "eval/e1/lenient" in run.data.metrics and "reward/mean" in run.data.metrics
+    assert run.data.params["cell.method"] == "MEML-GRPO" and run.data.params["rl.steps"] == "2"
+
+
+def test_changing_one_method_reruns_only_its_cells(smoke_run: Path) -> None:
+    changed = smoke_run / "changed.yaml"
+    changed.write_text("methods:\n  MoE+IML: {advantage: drgrpo}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(changed))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert _job_counts(dry.stdout) == {"rl": 1, "evaluate": 1, "report": 1, "all": 1}
+    assert "MoE+IML" in dry.stdout
+
+
+def test_one_cell_is_rerun_by_naming_its_output(smoke_run: Path) -> None:
+    cell = "results/smoke/rl/qwen2/strategyqa/MoE+HSFT/seed0/DONE"
+    target = "results/smoke/eval/qwen2/strategyqa/MoE+HSFT/seed0.json"
+    dry = _run(
+        smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), "--forcerun", cell, "--", target
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert _job_counts(dry.stdout) == {"rl": 1, "evaluate": 1}
+
+
+def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = _job_counts(dry.stdout)
+    assert counts["rl"] == counts["evaluate"] == 2 * 3 * 7
+    assert counts["sft"] == 2 * 3 * 2 and counts["prepare_real"] == 3 and counts["complementarity"] == 6
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("profile: bad\ntoy:\n  sizez: {gsm8k: [30, 10]}\n", "sizez"),
+        ("profile: bad\ngrid: {methods: [MEML-GRPO, MEML-GPRO]}\n", "grid.methods[1]"),
+        ("profile: bad\nrl: {group_size: eight}\n", "group_size"),
+    ],
+)
+def test_bad_config_stops_before_any_job(tmp_path: Path, text: str, named: str) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("profile: bad\ntoy:\n  sizez: {gsm8k: [30, 10]}\n")
+    bad.write_text(text)
     done = _run(tmp_path, "--configfile", str(bad))
     assert done.returncode != 0
-    assert "sizez" in done.stdout + done.stderr
+    assert named in done.stdout + done.stderr
     assert not (tmp_path / "results").exists()

@@ -33,7 +33,14 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     from .config import load_config
 
-    return load_config(args.config, _overrides(args.set or []))
+    overrides = _overrides(args.set or [])
+    if getattr(args, "config_json", None):
+        # the Snakemake rules pass the config sections a job reads as one JSON mapping
+        sections = json.loads(args.config_json)
+        if not isinstance(sections, dict):
+            raise DataError("--config-json must be a JSON mapping of top-level config keys")
+        overrides = {**sections, **overrides}
+    return load_config(args.config, overrides)
 
 
 def cmd_toy_world(args: argparse.Namespace) -> None:
@@ -95,27 +102,15 @@ def cmd_agreement(args: argparse.Namespace) -> None:
     atomic_write_text(Path(args.out) / "agreement.md", text + "\n")
 
 
-def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
-    return "-".join(f"e{k}" for k in sorted(experts))
-
-
 def _method(cfg: dict[str, Any], name: str) -> Any:
+    from .experts import DEFAULT_PROMPTS
+    from .grid import check
     from .rl import Method
 
     if name not in cfg["methods"]:
         raise DataError(f"unknown method '{name}'; known: {', '.join(cfg['methods'])}", None, None, "methods")
-    method = Method.from_config(name, cfg["methods"][name])
-    n_prompts = len(_prompts(cfg))
-    for key in ("sft_experts", "rl_experts"):
-        bad = [k for k in getattr(method, key) if k >= n_prompts]
-        if bad:
-            raise DataError(
-                f"expert(s) {bad} have no system prompt (experts 0..{n_prompts - 1})",
-                None,
-                None,
-                f"methods.{name}.{key}",
-            )
-    return method
+    check(cfg, len(cfg["experts"].get("prompts") or DEFAULT_PROMPTS))
+    return Method.from_config(name, cfg["methods"][name])
 
 
 def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
@@ -125,8 +120,9 @@ def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
+    """Where a job's inputs live: results/<profile>/<world>/{data,experts}/<ds>, models/."""
     root = Path(args.results or f"results/{cfg['profile']}")
-    world = root / "toy"
+    world = root / cfg["world"]
     return {
         "root": root,
         "data": world / "data" / args.dataset,
@@ -135,7 +131,18 @@ def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
     }
 
 
+def _base_model(cfg: dict[str, Any], paths: dict[str, Path], model: str) -> Path | str:
+    """A tiny model's folder, or the hub id / folder of a real one."""
+    from .grid import tiny_arch
+
+    if model not in cfg["models"]:
+        raise DataError(f"unknown model '{model}'; known: {', '.join(cfg['models'])}", None, None, "models")
+    arch = tiny_arch(cfg, model)
+    return paths["models"] / arch if arch else str(cfg["models"][model]["source"])
+
+
 def cmd_sft(args: argparse.Namespace) -> None:
+    from .grid import sft_variant
     from .records import check_dataset_name
     from .sft import run_sft
 
@@ -143,7 +150,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
     check_dataset_name(args.dataset, "--dataset")
     experts = [int(k) for k in args.experts.split(",")] if args.experts else list(_method(cfg, args.method).sft_experts)
     paths = _paths(cfg, args)
-    model_dir = Path(args.model_dir) if args.model_dir else paths["models"] / args.model
+    model_dir = Path(args.model_dir) if args.model_dir else _base_model(cfg, paths, args.model)
     out = Path(args.out) if args.out else paths["root"] / "sft" / args.model / args.dataset / sft_variant(experts)
     summary = run_sft(
         model_dir, paths["data"], paths["experts"], out, experts, cfg["sft"], _prompts(cfg), cfg["seed"], cfg["device"]
@@ -152,6 +159,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def cmd_rl(args: argparse.Namespace) -> None:
+    from .grid import Cell, cell_key, cell_params, sft_variant
     from .records import check_dataset_name
     from .rl import run_rl
 
@@ -159,27 +167,13 @@ def cmd_rl(args: argparse.Namespace) -> None:
     check_dataset_name(args.dataset, "--dataset")
     method = _method(cfg, args.method)
     paths = _paths(cfg, args)
-    sft_dir = (
-        Path(args.sft_dir)
-        if args.sft_dir
-        else (paths["root"] / "sft" / args.model / args.dataset / sft_variant(method.sft_experts) / "model")
-    )
+    cell = Cell(args.model, args.dataset, args.method, args.seed)
+    default_sft = paths["root"] / "sft" / args.model / args.dataset / sft_variant(method.sft_experts) / "model"
+    sft_dir = Path(args.sft_dir) if args.sft_dir else default_sft
     if not (sft_dir / "config.json").is_file():
         raise DataError("SFT model not found (run `meml sft` for this method first)", sft_dir)
-    out = (
-        Path(args.out)
-        if args.out
-        else (paths["root"] / "rl" / args.model / args.dataset / args.method / f"seed{args.seed}")
-    )
-    cell_key = f"{cfg['profile']}/{args.model}/{args.dataset}/{args.method}/seed{args.seed}"
-    params = {
-        "model": args.model,
-        "dataset": args.dataset,
-        "method": cfg["methods"][args.method],
-        "seed": args.seed,
-        "rl": cfg["rl"],
-        "reward": cfg["reward"],
-    }
+    out = Path(args.out) if args.out else paths["root"] / "rl" / cell.path
+    mlflow_settings = {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
     summary = run_rl(
         cfg["rl"],
         method,
@@ -191,9 +185,15 @@ def cmd_rl(args: argparse.Namespace) -> None:
         prompts=_prompts(cfg),
         reward_mode=cfg["reward"]["mode"],
         format_bonus=cfg["reward"]["format_bonus"],
-        cell_key=cell_key,
-        params=params,
-        mlflow_settings=cfg["mlflow"],
+        cell_key=cell_key(cfg, cell),
+        # the values that define the cell decide whether old checkpoints may be resumed;
+        # MLflow gets them and the whole config (which, in the DAG, holds only this method)
+        params=cell_params(cfg, cell),
+        mlflow_params={
+            "cell": {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed},
+            **cfg,
+        },
+        mlflow_settings=mlflow_settings,
     )
     print(
         f"RL {args.method} on {args.dataset}: reward {summary['reward_first']:.3f} -> "
@@ -208,7 +208,13 @@ def cmd_eval(args: argparse.Namespace) -> None:
     cfg = _config(args)
     check_dataset_name(args.dataset, "--dataset")
     experts = [int(k) for k in args.experts.split(",")]
-    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/toy/data")
+    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/{cfg['world']}/data")
+    run_id = None
+    if args.log_to_run:
+        run_id_file = Path(args.log_to_run) / "mlflow_run_id"
+        if not run_id_file.is_file():
+            raise DataError("no MLflow run id beside this RL run (was it trained with mlflow.enabled?)", run_id_file)
+        run_id = run_id_file.read_text().strip()
     report = evaluate(
         args.checkpoint,
         args.dataset,
@@ -220,11 +226,23 @@ def cmd_eval(args: argparse.Namespace) -> None:
         backend=args.backend or cfg["eval"]["backend"],
         batch_size=args.batch_size or cfg["eval"]["batch_size"],
         device="cpu" if cfg["device"] == "cpu" else "cuda",
-        limit=args.limit,
-        world="real" if args.real else "toy",
-        max_new_tokens=args.max_new_tokens,
+        limit=args.limit or cfg["eval"]["questions"],
+        world="real" if args.real or cfg["world"] == "real" else "toy",
+        max_new_tokens=args.max_new_tokens or cfg["eval"]["max_new_tokens"],
+        mlflow_run_id=run_id,
     )
-    for which, block in report.items():
+    if run_id is not None:
+        from .tracking import log_to_run
+
+        block = report["model"]
+        metrics = {f"eval/{name}/{m}": e[m] for name, e in block["experts"].items() for m in ("strict", "lenient")}
+        if "majority_vote" in block:
+            metrics["eval/majority_vote/lenient"] = block["majority_vote"]["lenient"]
+        log_to_run(cfg["mlflow"], run_id, metrics, [args.out])
+    for which in ("model", "base"):
+        block = report.get(which)
+        if block is None:
+            continue
         for name, e in block["experts"].items():
             print(
                 f"{which} {name}: strict {e['strict']:.3f} lenient {e['lenient']:.3f} "
@@ -242,23 +260,76 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     cfg = _config(args)
     check_dataset_name(args.dataset, "--dataset")
     experts = [int(k) for k in args.experts.split(",")]
-    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/toy/data")
+    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/{cfg['world']}/data")
+    settings = cfg["analysis"]["complementarity"]
     sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
-    k = args.k or cfg["eval"]["complementarity_samples"]
+    k = args.k or settings["samples"]
     title = args.title or f"{args.dataset}: {k} samples per expert, temperature {sampling.temperature}"
     stats = run(
         args.checkpoint,
-        data_root / args.dataset / f"{args.split}.jsonl",
+        data_root / args.dataset / f"{args.split or settings['split']}.jsonl",
         experts,
         k,
         sampling,
         args.out,
         title,
         prompts=_prompts(cfg),
-        limit=args.limit,
+        limit=args.limit or settings["questions"],
         seed=cfg["seed"],
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "patterns"}, indent=1))
+
+
+def cmd_mlflow_init(args: argparse.Namespace) -> None:
+    from .tracking import ensure_experiment
+
+    cfg = _config(args)
+    settings = {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
+    experiment_id = ensure_experiment(settings) if settings["enabled"] else None
+    atomic_write_json(
+        args.out,
+        {
+            "tracking_uri": settings["tracking_uri"],
+            "experiment": settings["experiment"],
+            "experiment_id": experiment_id,
+        },
+    )
+    print(f"MLflow experiment {settings['experiment']!r} ({experiment_id}) in {settings['tracking_uri']}")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from .config import PROJECT_ROOT
+    from .report import build
+
+    cfg = _config(args)
+    results = Path(args.results or f"results/{cfg['profile']}")
+    out = Path(args.out or f"report/{cfg['profile']}")
+    reference = Path(cfg["report"]["reference"])
+    if not reference.is_absolute() and not reference.is_file():
+        reference = PROJECT_ROOT / reference
+    written = build(cfg, results, out, reference)
+    if cfg["mlflow"]["enabled"]:
+        from .tracking import Tracker
+
+        # the tables and figures as artifacts of one run per profile, found again by its key
+        tracker = Tracker(
+            results / "report_run",
+            f"{cfg['profile']}/report",
+            {"grid": cfg["grid"], "report": cfg["report"]},
+            {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]},
+        )
+        for path in written:
+            tracker.log_artifact(path)
+        tracker.close()
+    print(f"{len(written)} files -> {out}")
+
+
+def cmd_import_experts(args: argparse.Namespace) -> None:
+    from .experts import import_trajectories
+
+    cfg = _config(args)
+    n = import_trajectories(args.data, args.dataset, cfg["experts"]["trajectories"], args.out, len(_prompts(cfg)))
+    print(f"{args.dataset}: {n} trajectories -> {args.out}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     def with_config(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", default=None, help="YAML config (default: config/default.yaml)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. seed=1")
+        p.add_argument("--config-json", default=None, help="top-level config sections as one JSON mapping")
 
     p = sub.add_parser("toy-world", help="build the toy data sets and expert trajectories")
     with_config(p)
@@ -331,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
     p.add_argument("--limit", type=int, default=None, help="only the first N test questions")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the tasks' generation limit")
+    p.add_argument("--log-to-run", default=None, help="RL run folder whose MLflow run gets the results")
     p.add_argument("--out", required=True, help="JSON report")
     p.set_defaults(func=cmd_eval)
 
@@ -338,14 +411,36 @@ def main(argv: list[str] | None = None) -> int:
     with_config(p)
     p.add_argument("--checkpoint", required=True, help="the MEF model")
     p.add_argument("--dataset", required=True)
-    p.add_argument("--split", default="test", choices=["train", "test"])
+    p.add_argument("--split", default=None, choices=["train", "test"], help="default: analysis.complementarity.split")
     p.add_argument("--experts", default="0,1,2")
-    p.add_argument("--k", type=int, default=None, help="samples per expert and question (eval.complementarity_samples)")
+    p.add_argument(
+        "--k", type=int, default=None, help="samples per expert and question (analysis.complementarity.samples)"
+    )
     p.add_argument("--data-root", default=None)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--title", default=None)
     p.add_argument("--out", required=True, help="output stem: <out>.json, <out>.png, <out>.pdf")
     p.set_defaults(func=cmd_complementarity)
+
+    p = sub.add_parser("mlflow-init", help="create the MLflow store and the profile's experiment, once")
+    with_config(p)
+    p.add_argument("--out", required=True, help="marker JSON with the experiment's id")
+    p.set_defaults(func=cmd_mlflow_init)
+
+    p = sub.add_parser("report", help="every table (Markdown, LaTeX) and figure, from the result files")
+    with_config(p)
+    p.add_argument("--results", default=None, help="results root (default results/<profile>)")
+    p.add_argument("--out", default=None, help="report folder (default report/<profile>)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "import-experts", help="real world: expert 0 from the rationales, others from experts.trajectories"
+    )
+    with_config(p)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--data", required=True, help="prepared data folder of this data set (train.jsonl)")
+    p.add_argument("--out", required=True, help="folder for e<k>.jsonl")
+    p.set_defaults(func=cmd_import_experts)
 
     args = parser.parse_args(argv)
     try:

@@ -52,7 +52,9 @@ def sample_correctness(
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, batch_size)
     torch.manual_seed(seed)
     correct = torch.zeros(len(records), len(experts), k, dtype=torch.bool)
-    for i, e in enumerate(experts):
+    from tqdm import tqdm
+
+    for i, e in enumerate(tqdm(experts, desc=f"sampling {k} per question and expert", unit="expert")):
         outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in records], k, sampling)
         for q, (record, samples) in enumerate(zip(records, outs, strict=True)):
             for j, c in enumerate(samples):

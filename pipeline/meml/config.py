@@ -44,8 +44,18 @@ def validate(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     return config
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    p = Path(path) if path else DEFAULT_CONFIG
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`update` over `base`, dicts merged key by key: how Snakemake lays --configfile over the default."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
     if not p.is_file():
         raise DataError("config file not found", p)
     try:
@@ -54,6 +64,15 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise DataError(f"not valid YAML: {err}", p) from None
     if not isinstance(data, dict):
         raise DataError("config must be a mapping", p)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The default config, with `path` laid over it (as Snakemake does), then dotted overrides."""
+    data = _read_yaml(DEFAULT_CONFIG)
+    p = Path(path) if path else DEFAULT_CONFIG
+    if p.resolve() != DEFAULT_CONFIG.resolve():
+        data = deep_merge(data, _read_yaml(p))
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, last = dotted.split(".")

@@ -189,11 +189,15 @@ def evaluate(
     out_json: str | Path,
     *,
     base_model: str | Path | None = None,
+    mlflow_run_id: str | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Evaluate a checkpoint (and, if given, the untrained base the same way); write one JSON."""
-    report = {"model": evaluate_model(checkpoint, dataset, experts, data_root, **kwargs)}
+    """Evaluate a checkpoint (and, if given, the untrained base the same way); write one JSON.
+    `mlflow_run_id`, the run of the cell this checkpoint came from, is written into it."""
+    report: dict[str, Any] = {"model": evaluate_model(checkpoint, dataset, experts, data_root, **kwargs)}
     if base_model is not None:
         report["base"] = evaluate_model(base_model, dataset, experts, data_root, **kwargs)
+    if mlflow_run_id is not None:
+        report["mlflow_run_id"] = mlflow_run_id
     atomic_write_json(out_json, report)
     return report

@@ -19,7 +19,7 @@ from .experts import DEFAULT_PROMPTS
 from .records import DATASETS
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
-WORLDS = {"toy": "results/toy/toy/data", "real": "results/paper/data"}
+WORLDS = {"toy": "results/toy/toy/data", "real": "results/paper/real/data"}
 MAX_GEN_TOKS = {"gsm8k": 512, "strategyqa": 384, "mathqa": 512}
 
 

@@ -25,6 +25,7 @@ One step, for Q questions and E experts:
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,19 +151,30 @@ def run_rl(
     format_bonus: float = 0.0,
     cell_key: str = "",
     params: dict[str, Any] | None = None,
+    mlflow_params: dict[str, Any] | None = None,
     mlflow_settings: dict[str, Any] | None = None,
     engine: RolloutEngine | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train `model_dir` with RL; writes out_dir/{metrics.jsonl, model/, DONE}. Resumes from the
-    last complete checkpoint in out_dir/checkpoints. `stop_after` simulates a kill (tests)."""
+    """Train `model_dir` with RL; writes out_dir/{cell.json, metrics.jsonl, model/, DONE}.
+
+    Resumes from the last complete checkpoint in out_dir/checkpoints, but only when `params` (the
+    values that define the run, kept in cell.json) are unchanged: otherwise the old checkpoints and
+    metrics belong to another experiment and are removed. `stop_after` simulates a kill (tests)."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = Path(out_dir)
-    if (out / "DONE").is_file():
+    if _same_params(out, params) and (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
+    if not _same_params(out, params):
+        for stale in ("checkpoints", "model"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+        for stale in ("metrics.jsonl", "DONE", "mlflow_run_id"):
+            (out / stale).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "cell.json", params or {})
     s = settings
     Q, G = int(s["questions_per_step"]), int(s["group_size"])
     experts = list(method.rl_experts)
@@ -205,7 +217,9 @@ def run_rl(
         checkpoint.set_rng_state(state["rng"])
         start = int(state["step"])
         engine.sync_weights(policy)
-    tracker = Tracker(out, cell_key or method.name, params or {}, mlflow_settings, resume_from_step=start)
+    tracker = Tracker(
+        out, cell_key or method.name, mlflow_params or params or {}, mlflow_settings, resume_from_step=start
+    )
 
     steps = int(s["steps"])
     bar = tqdm(range(start, steps), desc=f"RL {method.name}", initial=start, total=steps, disable=not progress)
@@ -378,11 +392,21 @@ def run_rl(
         "final": lines[-1] if lines else {},
         "reward_first": lines[0]["reward/mean"] if lines else None,
         "reward_last": lines[-1]["reward/mean"] if lines else None,
+        "mlflow_run_id": tracker.run_id,
     }
     tracker.log_artifact(out / "metrics.jsonl")
+    tracker.log_artifact(out / "cell.json")  # the values that define the cell
     tracker.close()
     atomic_write_json(out / "DONE", summary)
     return summary
+
+
+def _same_params(out: Path, params: dict[str, Any] | None) -> bool:
+    """True when out/cell.json holds these params, or when neither exists (nothing to compare)."""
+    path = out / "cell.json"
+    if not path.is_file():
+        return not (out / "checkpoints").exists()
+    return bool(json.loads(path.read_text()) == json.loads(json.dumps(params or {})))
 
 
 def _hsft_solutions(source: str, records: list[Record], experts_dir: str | Path) -> Any:

@@ -32,6 +32,42 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def ensure_experiment(settings: dict[str, Any]) -> str:
+    """Point MLflow at the store and return the experiment's id, creating it (with its artifacts in
+    `settings["artifacts"]`, an absolute path) the first time. The DAG calls this once, from one
+    process, before parallel jobs start: processes creating a new SQLite store at once corrupt it."""
+    import mlflow
+
+    uri = str(settings["tracking_uri"])
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    name = settings["experiment"]
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    artifacts = settings.get("artifacts")
+    location = (Path(artifacts).resolve() / name).as_uri() if artifacts else None
+    return str(mlflow.create_experiment(name, artifact_location=location))
+
+
+def log_to_run(
+    settings: dict[str, Any],
+    run_id: str,
+    metrics: dict[str, float],
+    artifacts: list[str | Path] = (),  # type: ignore[assignment]
+) -> None:
+    """Add metrics and files to an existing run (evaluation results to their cell's RL run)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    client = mlflow.MlflowClient()
+    for name, value in metrics.items():
+        client.log_metric(run_id, metric_name(name), float(value))
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+
+
 class Tracker:
     def __init__(
         self,
@@ -47,6 +83,7 @@ class Tracker:
         self._keep_steps_before(resume_from_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._mlflow: Any = None
+        self.run_id: str | None = None
         settings = mlflow_settings or {}
         if settings.get("enabled"):
             self._start_mlflow(cell_key, params, settings)
@@ -61,10 +98,9 @@ class Tracker:
     def _start_mlflow(self, cell_key: str, params: dict[str, Any], settings: dict[str, Any]) -> None:
         import mlflow
 
-        mlflow.set_tracking_uri(settings["tracking_uri"])
-        experiment = mlflow.set_experiment(settings["experiment"])
+        experiment_id = ensure_experiment(settings)
         found = mlflow.search_runs(
-            [experiment.experiment_id],
+            [experiment_id],
             filter_string=f"tags.cell_key = '{cell_key}'",
             output_format="list",
             max_results=1,
@@ -72,11 +108,16 @@ class Tracker:
         if found:
             run = mlflow.start_run(run_id=found[0].info.run_id)
         else:
-            run = mlflow.start_run(run_name=cell_key, tags={"cell_key": cell_key})
-            flat = {k: str(v)[:500] for k, v in flatten(params).items()}
-            for start in range(0, len(flat), 100):
-                mlflow.log_params(dict(list(flat.items())[start : start + 100]))
+            run = mlflow.start_run(
+                experiment_id=experiment_id, run_name=cell_key.split("#")[0], tags={"cell_key": cell_key}
+            )
+        # logged on every start (same key, same value is allowed), so a run that died before its
+        # params were written gets them on the re-run
+        flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}
+        for start in range(0, len(flat), 100):
+            mlflow.log_params(dict(list(flat.items())[start : start + 100]))
         atomic_write_text(self.run_dir / "mlflow_run_id", run.info.run_id + "\n")
+        self.run_id = run.info.run_id
         self._mlflow = mlflow
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -1,18 +1,17 @@
-# Stage: data sets and expert trajectories (toy: the generator; paper: the teacher issue).
+# Stage: the data sets. Toy: the generator writes all three data sets and every expert's
+# trajectories at once. Real: each data set is loaded by hub id or from `data.<ds>.local`.
 
 
 rule toy_world:
     output:
         expand(f"{RESULTS}/toy/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
-        expand(f"{RESULTS}/toy/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=[0, 1, 2]),
+        expand(f"{RESULTS}/toy/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
     params:
-        seed=config["seed"],
-        sizes=shell_override("toy.sizes", config["toy"]["sizes"]),
+        cfg=cli_config("seed", "toy"),
     log:
-        f"logs/{PROFILE}/toy_world.log",
+        f"{LOGS}/toy_world.log",
     shell:
-        "{MEML} toy-world --out {RESULTS}/toy --set seed={params.seed} "
-        "--set {params.sizes} > {log} 2>&1"
+        "{MEML} toy-world --out {RESULTS}/toy --config-json {params.cfg} > {log} 2>&1"
 
 
 rule toy_stats:
@@ -22,6 +21,18 @@ rule toy_stats:
         f"{REPORT}/toy_stats.md",
         f"{REPORT}/toy_stats.json",
     log:
-        f"logs/{PROFILE}/toy_stats.log",
+        f"{LOGS}/toy_stats.log",
     shell:
         "{MEML} toy-stats --root {RESULTS}/toy --out {REPORT}/toy_stats > {log} 2>&1"
+
+
+rule prepare_real:
+    output:
+        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+        f"{RESULTS}/real/data/{{ds}}/test.jsonl",
+    params:
+        cfg=cli_config("data"),
+    log:
+        f"{LOGS}/prepare/{{ds}}.log",
+    shell:
+        "{MEML} prepare --dataset {wildcards.ds} --out {RESULTS}/real/data --config-json {params.cfg} > {log} 2>&1"

@@ -1,16 +1,23 @@
-# Stage: the tiny local models that stand in for Qwen2.5-Math-1.5B and Llama-3.2-1B-Instruct.
+# Stage: the tiny local models that stand in for Qwen2.5-Math-1.5B and Llama-3.2-1B-Instruct in
+# the toy world (the real world loads its models by hub id in the SFT rule).
 
 
 rule tiny_models:
     input:
         rules.toy_world.output,
     output:
-        expand(f"{RESULTS}/models/{{model}}/config.json", model=TINY_MODELS),
+        expand(f"{RESULTS}/models/{{arch}}/config.json", arch=["qwen2", "llama"]),
     params:
-        seed=config["seed"],
-        vocab=config["toy"]["vocab_size"],
+        cfg=cli_config("seed", "toy", "experts"),
+    threads: config["threads"]
     log:
-        f"logs/{PROFILE}/tiny_models.log",
+        f"{LOGS}/tiny_models.log",
     shell:
-        "HF_HUB_OFFLINE=1 {MEML} tiny-models --root {RESULTS}/toy --out {RESULTS}/models "
-        "--set seed={params.seed} --set toy.vocab_size={params.vocab} > {log} 2>&1"
+        f"{ENV} {{MEML}} tiny-models --root {RESULTS}/toy --out {RESULTS}/models --config-json {{params.cfg}} "
+        "> {log} 2>&1"
+
+
+def base_model_files(wildcards):
+    """The tiny model's files, or nothing for a model loaded by hub id."""
+    arch = grid.tiny_arch(config, wildcards.model)
+    return [f"{RESULTS}/models/{arch}/config.json"] if arch else []

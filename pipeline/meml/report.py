@@ -1,0 +1,306 @@
+"""The paper's tables and figures, built from result files (never from the MLflow database).
+
+Reads, for the grid in the config:
+    results/<profile>/eval/<model>/<ds>/<method>/seed<k>.json          evaluation per cell
+    results/<profile>/rl/<model>/<ds>/<method>/seed<k>/metrics.jsonl   training reward per step
+    results/<profile>/analysis/complementarity/<model>_<ds>.{json,png,pdf}
+and writes report/<profile>/{tables/<name>.{md,tex}, figures/*.{png,pdf}, index.md}.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import grid
+from .io import DataError, atomic_write_text, read_json
+from .tables import MISSING, Table, fmt, fmt_diff, ours_paper_diff, to_latex, to_markdown
+
+DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
+TOY_NOTE = (
+    "Toy scale: tiny randomly initialised models (about 1M parameters) trained for minutes on CPU on "
+    "synthetic data sets in the real data sets' formats. Compare the shape of the results with the "
+    "paper's, not the values."
+)
+
+
+def _model_label(cfg: dict[str, Any], model: str) -> str:
+    paper = cfg["models"][model]["paper_name"]
+    return f"{paper} (toy: {model})" if cfg["world"] == "toy" else paper
+
+
+class Results:
+    """Evaluation results and training curves of every cell in the grid, read from disk."""
+
+    def __init__(self, cfg: dict[str, Any], root: str | Path) -> None:
+        self.cfg = cfg
+        self.root = Path(root)
+        self.metric = cfg["reward"]["mode"]  # the checker mode the tables report
+        self.headline = f"e{cfg['report']['headline_expert']}"
+        self.evals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        for cell in grid.cells(cfg):
+            path = self.root / "eval" / f"{cell.path}.json"
+            if not path.is_file():
+                raise DataError("evaluation result missing (run the grid first)", path)
+            self.evals.setdefault((cell.model, cell.dataset, cell.method), []).append(read_json(path)["model"])
+
+    def accuracy(self, model: str, ds: str, method: str, expert: str | None = None) -> list[float]:
+        """Per-seed accuracy in %, of one expert's prompt (default: the headline expert)."""
+        expert = expert or self.headline
+        return [
+            100 * e["experts"][expert][self.metric] for e in self.evals[(model, ds, method)] if expert in e["experts"]
+        ]
+
+    def vote(self, model: str, ds: str, method: str) -> list[float]:
+        return [100 * e["majority_vote"]["lenient"] for e in self.evals[(model, ds, method)] if "majority_vote" in e]
+
+    def average(self, model: str, method: str) -> list[float]:
+        """Per-seed mean over the grid's data sets."""
+        per_ds = [self.accuracy(model, ds, method) for ds in self.cfg["grid"]["datasets"]]
+        return [statistics.fmean(seed_values) for seed_values in zip(*per_ds, strict=True)]
+
+    def curve(self, model: str, ds: str, method: str) -> list[float]:
+        """Mean training reward per step, averaged over seeds."""
+        runs = []
+        for seed in self.cfg["grid"]["seeds"]:
+            path = self.root / "rl" / grid.Cell(model, ds, method, seed).path / "metrics.jsonl"
+            lines = path.read_text().splitlines() if path.is_file() else []
+            runs.append([float(json.loads(x)["reward/mean"]) for x in lines if x])
+        steps = min(len(r) for r in runs) if runs else 0
+        return [statistics.fmean(r[i] for r in runs) for i in range(steps)]
+
+
+def _methods_in(cfg: dict[str, Any], table: str) -> list[str]:
+    return [m for m in grid.methods(cfg) if table in grid.tables_of(cfg, m)]
+
+
+def _notes(cfg: dict[str, Any], results: Results, extra: list[str]) -> list[str]:
+    seeds = cfg["grid"]["seeds"]
+    notes = [TOY_NOTE] if cfg["world"] == "toy" else []
+    spread = f"mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else "one seed"
+    notes.append(
+        f"Accuracy in % ({results.metric} answer checker), {spread}; paper: the published value; "
+        "diff: ours minus paper."
+    )
+    return notes + extra
+
+
+def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Table:
+    datasets = cfg["grid"]["datasets"]
+    groups = [(DATASET_TITLES[ds], ["ours", "paper", "diff"]) for ds in datasets] + [("Avg", ["ours", "paper", "diff"])]
+    h = cfg["report"]["headline_expert"]
+    table = Table("main", f"Main results: accuracy with expert {h}'s prompt at inference", ["model", "method"], groups)
+    for model in grid.models(cfg):
+        ref_model = reference.get("main", {}).get(cfg["models"][model]["paper_name"], {})
+        for method in _methods_in(cfg, "main"):
+            ref = ref_model.get(method, {})
+            cells: list[str] = []
+            for ds in datasets:
+                cells += ours_paper_diff(results.accuracy(model, ds, method), ref.get(ds))
+            ref_values = [ref.get(ds) for ds in datasets]
+            ref_avg = statistics.fmean(ref_values) if ref and None not in ref_values else None  # type: ignore[arg-type]
+            cells += ours_paper_diff(results.average(model, method), ref_avg)
+            table.add([_model_label(cfg, model), method], cells)
+    table.notes = _notes(cfg, results, ["Paper avg: the mean of the paper's values over the data sets shown."])
+    return table
+
+
+def _flags(cfg: dict[str, Any], method: str) -> dict[str, bool]:
+    m = cfg["methods"][method]
+    return {"moe": len(m["sft_experts"]) > 1, "hsft": bool(m["hsft"]), "iml": bool(m["iml"])}
+
+
+def ablation_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Table:
+    models = grid.models(cfg)
+    groups = [(_model_label(cfg, m), ["ours", "paper", "diff"]) for m in models]
+    table = Table(
+        "ablation", "Ablation: MoE / HSFT / IML, average over the data sets", ["MoE", "HSFT", "IML", "method"], groups
+    )
+    for method in _methods_in(cfg, "ablation"):
+        flags = _flags(cfg, method)
+        ref_row: dict[str, Any] = next(
+            (r for r in reference.get("ablation", []) if all(r[k] == v for k, v in flags.items())), {}
+        )
+        cells: list[str] = []
+        for model in models:
+            cells += ours_paper_diff(results.average(model, method), ref_row.get(cfg["models"][model]["paper_name"]))
+        marks = ["x" if flags[k] else "-" for k in ("moe", "hsft", "iml")]
+        table.add([*marks, method], cells)
+    table.notes = _notes(
+        cfg, results, ["Rows are matched to the paper's by their switches (MoE: SFT on several experts)."]
+    )
+    return table
+
+
+def vote_table(cfg: dict[str, Any], results: Results) -> Table:
+    h = cfg["report"]["headline_expert"]
+    groups = [(DATASET_TITLES[ds], [f"expert {h}", "vote", "diff"]) for ds in cfg["grid"]["datasets"]]
+    table = Table(
+        "majority_vote",
+        f"One expert (expert {h}) against the majority vote of the evaluated experts",
+        ["model", "method"],
+        groups,
+    )
+    for model in grid.models(cfg):
+        for method in _methods_in(cfg, "vote"):
+            cells: list[str] = []
+            for ds in cfg["grid"]["datasets"]:
+                single, vote = results.accuracy(model, ds, method), results.vote(model, ds, method)
+                cells += [fmt(single), fmt(vote), fmt_diff(single, statistics.fmean(vote) if vote else None)]
+            table.add([_model_label(cfg, model), method], cells)
+    table.notes = _notes(
+        cfg,
+        results,
+        [
+            "The paper reports no numbers here, only that MEML-GRPO with one expert matches or beats the "
+            "3-expert vote; diff: expert minus vote. Ties in the vote go to the lowest-numbered expert's answer."
+        ],
+    )
+    return table
+
+
+COMPLEMENTARITY_ROWS = [
+    ("error rate, expert 0", lambda s: s["error_rate"].get("e0"), "error_rate_e0"),
+    ("error rate, expert 1", lambda s: s["error_rate"].get("e1"), "error_rate_e1"),
+    ("error rate, expert 2", lambda s: s["error_rate"].get("e2"), "error_rate_e2"),
+    ("all experts wrong, share of wrong draws", lambda s: s["all_wrong_among_wrong"], "all_wrong_among_wrong"),
+    (
+        "one expert's errors solved by another (mean)",
+        lambda s: (
+            statistics.fmean(v for v in s["solved_by_another"].values() if v is not None)
+            if any(v is not None for v in s["solved_by_another"].values())
+            else None
+        ),
+        "solved_by_another",
+    ),
+    ("at least one expert right", lambda s: s["at_least_one_correct"], "at_least_one_correct"),
+]
+
+
+def complementarity_table(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> Table:
+    datasets = cfg["grid"]["datasets"]
+    groups = [(DATASET_TITLES[ds], ["ours", "paper", "diff"]) for ds in datasets]
+    settings = cfg["analysis"]["complementarity"]
+    table = Table(
+        "complementarity",
+        f"Expert complementarity after MEF: {settings['samples']} samples per expert and question",
+        ["model", "statistic (%)"],
+        groups,
+    )
+    ref = reference.get("complementarity", {})
+    for model in grid.complementarity_models(cfg):
+        stats = {ds: read_json(root / "analysis" / "complementarity" / f"{model}_{ds}.json") for ds in datasets}
+        for label, get, key in COMPLEMENTARITY_ROWS:
+            cells: list[str] = []
+            for ds in datasets:
+                value = get(stats[ds])
+                cells += ours_paper_diff([] if value is None else [100 * value], ref.get(ds, {}).get(key))
+            table.add([_model_label(cfg, model), label], cells)
+    table.notes = [
+        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        f"The MEF (SFT) model sampled at temperature {cfg['rl']['temperature']}; the paper's values are "
+        "approximate, read from its motivation figure and text.",
+    ]
+    return table
+
+
+def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
+    """One figure per data set: training reward per step, a panel per model, a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = grid.models(cfg)
+    methods = _methods_in(cfg, "curves")
+    written = []
+    for ds in cfg["grid"]["datasets"]:
+        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False, sharey=True)
+        for ax, model in zip(axes[0], models, strict=True):
+            for method in methods:
+                curve = results.curve(model, ds, method)
+                ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=method)
+            ax.set_title(_model_label(cfg, model), fontsize=9)
+            ax.set_xlabel("RL step")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("mean training reward")
+        axes[0][-1].legend(fontsize=7)
+        scale = " (toy scale)" if cfg["world"] == "toy" else ""
+        fig.suptitle(f"{DATASET_TITLES[ds]}: training reward per step{scale}", fontsize=10)
+        fig.tight_layout()
+        for ext in ("png", "pdf"):
+            path = out_dir / f"reward_curves_{ds}.{ext}"
+            fig.savefig(path, dpi=150)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
+def build(
+    cfg: dict[str, Any], results_root: str | Path, out_root: str | Path, reference_path: str | Path
+) -> list[Path]:
+    """Every table and figure, then an index page linking them. Returns the files written."""
+    root, out = Path(results_root), Path(out_root)
+    ref_file = Path(reference_path)
+    if not ref_file.is_file():
+        raise DataError("paper reference file not found", ref_file, None, "report.reference")
+    reference = yaml.safe_load(ref_file.read_text()) or {}
+    results = Results(cfg, root)
+    tables_dir, figures_dir = out / "tables", out / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    tables = [
+        main_table(cfg, results, reference),
+        ablation_table(cfg, results, reference),
+        vote_table(cfg, results),
+        complementarity_table(cfg, root, reference),
+    ]
+    written: list[Path] = []
+    for table in tables:
+        for ext, render in (("md", to_markdown), ("tex", to_latex)):
+            path = tables_dir / f"{table.name}.{ext}"
+            atomic_write_text(path, render(table))
+            written.append(path)
+    written += reward_curves(cfg, results, figures_dir)
+    for model in grid.complementarity_models(cfg):
+        for ds in cfg["grid"]["datasets"]:
+            for ext in ("png", "pdf"):
+                source = root / "analysis" / "complementarity" / f"{model}_{ds}.{ext}"
+                target = figures_dir / f"complementarity_{model}_{ds}.{ext}"
+                shutil.copyfile(source, target)
+                written.append(target)
+    index = out / "index.md"
+    atomic_write_text(index, index_page(cfg, tables, written, out))
+    written.append(index)
+    return written
+
+
+def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out: Path) -> str:
+    lines = [f"# MEML-GRPO reproduction: profile `{cfg['profile']}`", ""]
+    if cfg["world"] == "toy":
+        lines += [f"> {TOY_NOTE}", ""]
+    lines += ["## Tables", ""]
+    for t in tables:
+        lines.append(f"- {t.title}: [Markdown](tables/{t.name}.md), [LaTeX](tables/{t.name}.tex)")
+    lines += ["", "## Figures", ""]
+    for path in files:
+        if path.suffix == ".png":
+            rel = path.relative_to(out).as_posix()
+            lines += [f"![{path.stem}]({rel}) ([PDF]({rel[:-4]}.pdf))", ""]
+    lines += ["", "## Tables in full", ""]
+    for t in tables:
+        lines += [to_markdown(t), ""]
+    experiment = cfg["mlflow"]["experiment"] or cfg["profile"]
+    lines += [
+        f"Every cell is an MLflow run in experiment `{experiment}` (store `{cfg['mlflow']['tracking_uri']}`), "
+        "tagged `cell_key` = `<profile>/<model>/<dataset>/<method>/seed<k>#<hash of its values>`.",
+        "",
+    ]
+    if MISSING in "".join(to_markdown(t) for t in tables):
+        lines.append(f"{MISSING}: no value (the paper reports none, or the cell was not evaluated).")
+    return "\n".join(lines) + "\n"

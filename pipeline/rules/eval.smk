@@ -1,0 +1,24 @@
+# Stage: evaluation of every cell's final model through lm-eval, greedy, under each of the
+# method's evaluated experts' prompts, plus their majority vote. Results go to the cell's MLflow run.
+
+
+rule evaluate:
+    input:
+        f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
+        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+    output:
+        f"{RESULTS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.json",
+    params:
+        cfg=cli_config("profile", "world", "device", "eval", "experts", "mlflow"),
+        experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
+        run=lambda w: shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}"),
+        log_to_run="--log-to-run" if config["mlflow"]["enabled"] else "",
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
+    shell:
+        f"{ENV} {{MEML}} eval --checkpoint {{params.run}}/model --dataset {{wildcards.ds}} "
+        "--experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
+        "{params.log_to_run} {params.run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"

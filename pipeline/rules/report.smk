@@ -1,0 +1,42 @@
+# Stage: the paper's tables (Markdown and LaTeX, beside the paper's numbers) and figures, built
+# from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
+# the outputs marked report() below, with their captions from pipeline/report/.
+
+TABLES = ["main", "ablation", "majority_vote", "complementarity"]
+COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
+
+
+rule report:
+    input:
+        evals=[f"{RESULTS}/eval/{c.path}.json" for c in CELLS],
+        curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
+        complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
+        mlflow=rules.mlflow_store.output,
+    output:
+        tables_md=[
+            report(f"{REPORT}/tables/{t}.md", caption=CAPTIONS / f"{t}.rst", category="Tables") for t in TABLES
+        ],
+        tables_tex=expand(f"{REPORT}/tables/{{t}}.tex", t=TABLES),
+        curves=[
+            report(f"{REPORT}/figures/reward_curves_{ds}.png", caption=CAPTIONS / "reward_curves.rst", category="Reward curves")
+            for ds in DATASETS
+        ],
+        curves_pdf=expand(f"{REPORT}/figures/reward_curves_{{ds}}.pdf", ds=DATASETS),
+        complementarity=[
+            report(
+                f"{REPORT}/figures/complementarity_{name}.png",
+                caption=CAPTIONS / "complementarity.rst",
+                category="Expert complementarity",
+            )
+            for name in COMPLEMENTARITY
+        ],
+        complementarity_pdf=expand(f"{REPORT}/figures/complementarity_{{name}}.pdf", name=COMPLEMENTARITY),
+        index=f"{REPORT}/index.md",
+    params:
+        cfg=cli_config(
+            "profile", "world", "models", "grid", "methods", "reward", "rl", "analysis", "report", "mlflow"
+        ),
+    log:
+        f"{LOGS}/report.log",
+    shell:
+        "{MEML} report --results {RESULTS} --out {REPORT} --config-json {params.cfg} > {log} 2>&1"

@@ -1,0 +1,38 @@
+# Stage: RIEL, one RL run per cell (model x data set x method x seed), each logged to its own
+# MLflow run. The MLflow store and experiment are created once, by one job, before any RL job.
+
+
+rule mlflow_store:
+    output:
+        f"{RESULTS}/mlflow_experiment.json",
+    params:
+        cfg=cli_config("profile", "mlflow"),
+    log:
+        f"{LOGS}/mlflow_store.log",
+    shell:
+        "{MEML} mlflow-init --out {output} --config-json {params.cfg} > {log} 2>&1"
+
+
+def sft_done(wildcards):
+    variant = grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
+    return f"{RESULTS}/sft/{wildcards.model}/{wildcards.ds}/{variant}/DONE"
+
+
+rule rl:
+    input:
+        sft_done,
+        rules.mlflow_store.output,
+    output:
+        f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
+    params:
+        cfg=lambda w: cli_config(
+            "profile", "world", "seed", "device", "models", "sft", "rl", "reward", "experts", "mlflow", methods=[w.method]
+        ),
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
+    shell:
+        f"{ENV} {{MEML}} rl --model {{wildcards.model}} --dataset {{wildcards.ds}} --method {{wildcards.method:q}} "
+        "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"

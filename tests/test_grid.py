@@ -1,0 +1,79 @@
+"""The grid read from the config: cells, SFT variants, cell keys, and the cross-key checks."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROJECT
+
+from meml import grid
+from meml.config import load_config
+from meml.io import DataError
+
+
+def test_default_grid_is_the_papers() -> None:
+    cfg = load_config()
+    cells = grid.cells(cfg)
+    assert len(cells) == 2 * 3 * 7 * 1
+    assert grid.models(cfg) == ["qwen2", "llama"]
+    assert grid.methods(cfg)[:5] == [
+        "Expert1-SFT-GRPO",
+        "Expert1-SFT-Dr.GRPO",
+        "MoE-SFT-GRPO",
+        "MoE-SFT-Dr.GRPO",
+        "MEML-GRPO",
+    ]
+    assert grid.sft_variants(cfg) == ["e0-e1-e2", "e1"]
+    assert grid.eval_experts(cfg, "MEML-GRPO") == [0, 1, 2]  # default: the RL experts
+    assert grid.eval_experts(cfg, "MoE+IML") == [1]
+    assert grid.tables_of(cfg, "MoE+HSFT") == ["ablation"]
+    assert cells[0].path == "qwen2/gsm8k/Expert1-SFT-GRPO/seed0"
+
+
+def test_paper_config_lists_the_same_grid_with_hub_models() -> None:
+    cfg = load_config(PROJECT / "config" / "paper.yaml")
+    assert cfg["world"] == "real" and cfg["device"] == "cuda"
+    assert len(grid.cells(cfg)) == 42
+    assert grid.tiny_arch(cfg, "qwen2") is None
+    assert cfg["models"]["qwen2"]["source"] == "Qwen/Qwen2.5-Math-1.5B"
+    assert (cfg["rl"]["group_size"], cfg["rl"]["lr"], cfg["sft"]["lr"], cfg["sft"]["epochs"]) == (8, 1e-6, 1e-5, 1)
+
+
+def test_cell_key_changes_only_with_the_cells_own_values() -> None:
+    cfg = load_config()
+    meml = grid.Cell("qwen2", "gsm8k", "MEML-GRPO", 0)
+    moe = grid.Cell("qwen2", "gsm8k", "MoE-SFT-GRPO", 0)
+    changed = load_config(overrides={"methods.MEML-GRPO": {**cfg["methods"]["MEML-GRPO"], "advantage": "drgrpo"}})
+    assert grid.cell_key(cfg, meml) == grid.cell_key(load_config(), meml)  # deterministic
+    assert grid.cell_key(changed, meml) != grid.cell_key(cfg, meml)
+    assert grid.cell_key(changed, moe) == grid.cell_key(cfg, moe)
+    assert grid.cell_key(cfg, meml).startswith("toy/qwen2/gsm8k/MEML-GRPO/seed0#")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"grid.methods": ["MEML-GRPO", "MEML-GPRO"]}, "grid.methods[1]"),
+        ({"grid.models": ["qwen"]}, "grid.models[0]"),
+        ({"analysis.complementarity.models": ["gpt"]}, "analysis.complementarity.models[0]"),
+        ({"models.qwen2.source": "tiny:gpt2"}, "models.qwen2.source"),
+        ({"models.qwen2.source": "Qwen/Qwen2.5-Math-1.5B"}, "models.qwen2.source"),  # toy world, hub model
+        (
+            {"methods.X": {"sft_experts": [3], "rl_experts": [0], "advantage": "grpo", "iml": False, "hsft": False}},
+            "methods.X.sft_experts",
+        ),
+        ({"methods.MEML-GRPO.eval_experts": [0, 2]}, "methods.MEML-GRPO.eval_experts"),  # main table needs expert 1
+        ({"methods.MoE+IML.tables": ["vote"]}, "methods.MoE+IML.eval_experts"),  # a vote of one
+    ],
+)
+def test_check_names_the_bad_key(overrides: dict, key: str) -> None:
+    cfg = load_config(overrides=overrides)
+    with pytest.raises(DataError) as err:
+        grid.check(cfg, n_prompts=3)
+    assert f"'{key}'" in str(err.value)
+
+
+def test_schema_rejects_an_unknown_switch_value_by_key() -> None:
+    with pytest.raises(DataError, match=r"methods\.MEML-GRPO\.advantage"):
+        load_config(overrides={"methods.MEML-GRPO.advantage": "ppo"})
+    with pytest.raises(DataError, match=r"grid\.datasets"):
+        load_config(overrides={"grid.datasets": ["gsm8k", "aqua"]})
