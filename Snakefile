@@ -37,7 +37,7 @@ METHODS = grid.methods(config)
 CELLS = grid.cells(config)
 ALL_EXPERTS = list(range(N_EXPERTS))
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
-# The CLI of the Python that runs Snakemake (the project venv; a conda env when --use-conda).
+# The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
 MEML = f"{shlex.quote(sys.executable)} -m meml.cli"
 # Jobs use `threads` CPU threads each; the toy world never touches the network.
 ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELISM=false" + (
