@@ -12,7 +12,12 @@ rule evaluate:
         cfg=cli_config("profile", "world", "device", "eval", "experts", "mlflow"),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=lambda w: shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}"),
-        log_to_run="--log-to-run" if config["mlflow"]["enabled"] else "",
+        # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
+        log_to_run=lambda w: (
+            f"--log-to-run {shlex.quote(f'{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}')}"
+            if config["mlflow"]["enabled"]
+            else ""
+        ),
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -21,4 +26,4 @@ rule evaluate:
     shell:
         f"{ENV} {{MEML}} eval --checkpoint {{params.run}}/model --dataset {{wildcards.ds}} "
         "--experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
-        "{params.log_to_run} {params.run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+        "{params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
