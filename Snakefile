@@ -1,6 +1,6 @@
 # MEML-GRPO reproduction DAG. `snakemake --cores N` runs the embedded default (toy world, CPU);
 # `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage:
-#   data -> experts -> models -> sft -> rl -> eval -> analysis -> report
+#   tracking, data -> experts -> models -> sft -> rl -> eval -> analysis -> report
 import json
 import re
 import shlex
@@ -64,6 +64,7 @@ def cli_config(*sections, methods=None):
     return shlex.quote(json.dumps(chosen))
 
 
+include: "pipeline/rules/tracking.smk"
 include: "pipeline/rules/data.smk"
 include: "pipeline/rules/experts.smk"
 include: "pipeline/rules/models.smk"

@@ -63,6 +63,14 @@ def test_cell_key_changes_only_with_the_cells_own_values() -> None:
         ),
         ({"methods.MEML-GRPO.eval_experts": [0, 2]}, "methods.MEML-GRPO.eval_experts"),  # main table needs expert 1
         ({"methods.MoE+IML.tables": ["vote"]}, "methods.MoE+IML.eval_experts"),  # a vote of one
+        ({"world": "real"}, "teachers.e1"),  # the real world needs a teacher per expert above 0
+        (
+            {
+                "world": "real",
+                "teachers": {"e1": {"backend": "openai", "model": "r1"}, "e2": {"backend": "jsonl", "path": "x"}},
+            },
+            "teachers.e1.base_url",
+        ),
     ],
 )
 def test_check_names_the_bad_key(overrides: dict, key: str) -> None:

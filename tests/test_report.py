@@ -131,3 +131,19 @@ def test_missing_result_is_named(tmp_path: Path) -> None:
     (tmp_path / "results/eval/qwen2/mathqa/MoE+IML/seed1.json").unlink()
     with pytest.raises(DataError, match=r"MoE\+IML/seed1.json: evaluation result missing"):
         build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+
+
+def test_teachers_table_from_the_stats_files(tmp_path: Path) -> None:
+    from meml.report import teachers_table
+    from meml.tables import to_latex
+
+    cfg = load_config(overrides={"world": "real", "grid.datasets": ["gsm8k"]})
+    folder = tmp_path / "real/experts/gsm8k"
+    folder.mkdir(parents=True)
+    for k, (acc, kept) in {1: (0.8125, 90), 2: (None, 0)}.items():
+        stats = {"acceptance_rate": acc, "questions_with_trajectory": kept, "questions": 100,
+                 "length": {"words_mean": 321.5} if kept else {"count": 0}}  # fmt: skip
+        (folder / f"e{k}.stats.json").write_text(json.dumps(stats))
+    table = teachers_table(cfg, tmp_path, 3)
+    assert table.rows == [["GSM8K", "81.2", "90 / 100", "321.5", "–", "0 / 100", "–"]]
+    assert r"\multicolumn{3}{c}{expert 2}" in to_latex(table)

@@ -106,6 +106,7 @@ def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
     counts = _job_counts(dry.stdout)
     assert counts["rl"] == counts["evaluate"] == 2 * 3 * 7
     assert counts["sft"] == 2 * 3 * 2 and counts["prepare_real"] == 3 and counts["complementarity"] == 6
+    assert counts["gold_expert"] == 3 and counts["teacher_trajectories"] == 3 * 2  # experts 1 and 2 per data set
     assert not (tmp_path / "results").exists()
 
 

@@ -324,12 +324,50 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"{len(written)} files -> {out}")
 
 
-def cmd_import_experts(args: argparse.Namespace) -> None:
-    from .experts import import_trajectories
+def cmd_gold_expert(args: argparse.Namespace) -> None:
+    from .experts import gold_expert
+
+    n = gold_expert(args.data, args.dataset, args.out)
+    print(f"{args.dataset}: {n} gold-rationale trajectories (expert 0) -> {args.out}")
+
+
+def cmd_teach(args: argparse.Namespace) -> None:
+    from .teachers import build_expert, settings_for
 
     cfg = _config(args)
-    n = import_trajectories(args.data, args.dataset, cfg["experts"]["trajectories"], args.out, len(_prompts(cfg)))
-    print(f"{args.dataset}: {n} trajectories -> {args.out}")
+    settings = settings_for(cfg, args.expert)
+    root = Path(args.results or f"results/{cfg['profile']}") / "real"
+    summary = build_expert(
+        root / "data" / args.dataset,
+        args.dataset,
+        args.expert,
+        settings,
+        root / "experts" / args.dataset,
+        root / "teacher_cache",
+        _prompts(cfg),
+    )
+    if cfg["mlflow"]["enabled"]:
+        from .tracking import Tracker
+
+        # one run per data set and teacher; the key's NAME may appear, the key never does
+        substitute = settings["backend"] == "vllm"
+        tracker = Tracker(
+            root / "teacher_runs" / args.dataset / f"e{args.expert}",
+            f"{cfg['profile']}/teacher/{args.dataset}/e{args.expert}",
+            {"teacher": settings, "dataset": args.dataset, "expert": args.expert},
+            {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]},
+            tags={
+                "teacher_backend": settings["backend"],
+                "teacher_model": str(settings.get("model") or ""),
+                **({"deviation": "substitute teacher model (local vLLM), not the paper's"} if substitute else {}),
+            },
+        )
+        tracker.log(0, {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+        tracker.close()
+    print(
+        f"{args.dataset} expert {args.expert}: {summary['questions_with_trajectory']} of {summary['questions']} "
+        f"questions have an accepted trajectory (acceptance {summary['acceptance_rate']})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -433,14 +471,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="report folder (default report/<profile>)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser(
-        "import-experts", help="real world: expert 0 from the rationales, others from experts.trajectories"
-    )
-    with_config(p)
+    p = sub.add_parser("gold-expert", help="real world: expert 0's trajectories from the gold rationales")
     p.add_argument("--dataset", required=True)
     p.add_argument("--data", required=True, help="prepared data folder of this data set (train.jsonl)")
-    p.add_argument("--out", required=True, help="folder for e<k>.jsonl")
-    p.set_defaults(func=cmd_import_experts)
+    p.add_argument("--out", required=True, help="folder for e0.jsonl")
+    p.set_defaults(func=cmd_gold_expert)
+
+    p = sub.add_parser("teach", help="real world: expert k's trajectories from its teacher (teachers.e<k>)")
+    with_config(p)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--expert", type=int, required=True)
+    p.add_argument("--results", default=None, help="results root (default results/<profile>)")
+    p.set_defaults(func=cmd_teach)
 
     args = parser.parse_args(argv)
     try:

@@ -83,45 +83,18 @@ def trajectory_stats(completions: list[str]) -> dict[str, Any]:
     }
 
 
-def import_trajectories(
-    data_dir: str | Path, dataset: str, source: str | Path | None, out_dir: str | Path, n_experts: int
-) -> int:
-    """The real world's expert files. Expert 0 writes like the data set itself: its gold rationale,
-    with the canonical answer line added where missing. The others come from `source`
-    (`experts.trajectories`): <source>/<dataset>/e<k>.jsonl, made by teacher models; trajectories
-    that the checker does not judge correct are dropped (rejection sampling). Returns the count."""
+def gold_expert(data_dir: str | Path, dataset: str, out_dir: str | Path) -> int:
+    """The real world's expert 0, who writes like the data set itself: each record's gold rationale,
+    with the canonical answer line added where missing. (Experts 1.. come from teachers.py.)"""
     from .answers import canonical_answer_line
     from .records import read_records
 
-    if source is None:
-        raise DataError(
-            "the real world needs teacher trajectories for experts 1.. : set experts.trajectories to a folder "
-            "holding <dataset>/e<k>.jsonl (one {id, expert, completion} object a line)",
-            None,
-            None,
-            "experts.trajectories",
-        )
-    records = read_records(Path(data_dir) / "train.jsonl", dataset)
-    by_id = {r.id: r for r in records}
-    e0 = []
-    for r in records:
+    items = []
+    for r in read_records(Path(data_dir) / "train.jsonl", dataset):
         text = r.rationale.strip()
         if not text:
             continue
         if not is_correct(text, dataset, r.answer, "strict", r.options):
             text = f"{text}\n{canonical_answer_line(dataset, r.answer)}"
-        e0.append((r, text))
-    total = write_trajectories(Path(out_dir) / "e0.jsonl", 0, e0, f"{dataset} gold rationale")
-    for k in range(1, n_experts):
-        path = Path(source) / dataset / f"e{k}.jsonl"
-        if not path.is_file():
-            raise DataError(f"teacher trajectories of expert {k} not found", path, None, "experts.trajectories")
-        kept = [
-            (record, completion)
-            for record, expert, completion in read_trajectories(path, by_id)
-            if expert == k and is_correct(completion, dataset, record.answer, "strict", record.options)
-        ]
-        if not kept:
-            raise DataError(f"no trajectory of expert {k} is judged correct", path)
-        total += write_trajectories(Path(out_dir) / f"e{k}.jsonl", k, kept, str(path))
-    return total
+        items.append((r, text))
+    return write_trajectories(Path(out_dir) / "e0.jsonl", 0, items, f"{dataset} gold rationale")

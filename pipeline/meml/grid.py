@@ -134,6 +134,11 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
                 None,
                 f"models.{name}.source",
             )
+    if cfg["world"] == "real":
+        from .teachers import settings_for
+
+        for k in range(1, n_prompts):
+            settings_for(cfg, k)  # every expert above 0 needs a teacher
     headline = cfg["report"]["headline_expert"]
     for name, switches in cfg["methods"].items():
         for key in ("sft_experts", "rl_experts", "eval_experts"):

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from . import grid
+from .experts import DEFAULT_PROMPTS
 from .io import DataError, atomic_write_text, read_json
 from .tables import MISSING, Table, fmt, fmt_diff, ours_paper_diff, to_latex, to_markdown
 
@@ -209,6 +210,25 @@ def complementarity_table(cfg: dict[str, Any], root: Path, reference: dict[str, 
     return table
 
 
+def teachers_table(cfg: dict[str, Any], root: Path, n_experts: int) -> Table:
+    """Real world: how the teachers' trajectories were made (rejection sampling's yield)."""
+    groups = [(f"expert {k}", ["accepted %", "questions kept", "words"]) for k in range(1, n_experts)]
+    table = Table("teachers", "Teacher trajectories: acceptance by the answer checker", ["data set"], groups)
+    for ds in cfg["grid"]["datasets"]:
+        cells: list[str] = []
+        for k in range(1, n_experts):
+            s = read_json(root / "real" / "experts" / ds / f"e{k}.stats.json")
+            rate = s.get("acceptance_rate")
+            cells += [
+                MISSING if rate is None else f"{100 * rate:.1f}",
+                f"{s['questions_with_trajectory']} / {s['questions']}",
+                str(s.get("length", {}).get("words_mean", MISSING)),
+            ]
+        table.add([DATASET_TITLES[ds]], cells)
+    table.notes = ["accepted %: accepted / attempted answers (each question tried up to max_attempts times)."]
+    return table
+
+
 def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
     """One figure per data set: training reward per step, a panel per model, a line per method."""
     import matplotlib
@@ -260,6 +280,8 @@ def build(
         vote_table(cfg, results),
         complementarity_table(cfg, root, reference),
     ]
+    if cfg["world"] == "real":
+        tables.append(teachers_table(cfg, root, len(cfg["experts"].get("prompts") or DEFAULT_PROMPTS)))
     written: list[Path] = []
     for table in tables:
         for ext, render in (("md", to_markdown), ("tex", to_latex)):

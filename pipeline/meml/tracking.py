@@ -76,6 +76,7 @@ class Tracker:
         params: dict[str, Any],
         mlflow_settings: dict[str, Any] | None = None,
         resume_from_step: int = 0,
+        tags: dict[str, str] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ class Tracker:
         self.run_id: str | None = None
         settings = mlflow_settings or {}
         if settings.get("enabled"):
-            self._start_mlflow(cell_key, params, settings)
+            self._start_mlflow(cell_key, params, settings, tags or {})
 
     def _keep_steps_before(self, step: int) -> None:
         """On resume, drop the lines of steps after the checkpoint: they are about to be redone."""
@@ -95,7 +96,9 @@ class Tracker:
         kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] < step]
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
-    def _start_mlflow(self, cell_key: str, params: dict[str, Any], settings: dict[str, Any]) -> None:
+    def _start_mlflow(
+        self, cell_key: str, params: dict[str, Any], settings: dict[str, Any], tags: dict[str, str]
+    ) -> None:
         import mlflow
 
         experiment_id = ensure_experiment(settings)
@@ -111,6 +114,8 @@ class Tracker:
             run = mlflow.start_run(
                 experiment_id=experiment_id, run_name=cell_key.split("#")[0], tags={"cell_key": cell_key}
             )
+        if tags:
+            mlflow.set_tags(tags)
         # logged on every start (same key, same value is allowed), so a run that died before its
         # params were written gets them on the re-run
         flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}

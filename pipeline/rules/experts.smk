@@ -1,17 +1,45 @@
-# Stage: expert trajectories of the real world. Expert 0 is the data set's own rationale; the
-# others are teacher-model trajectories found in `experts.trajectories` (the toy world's come
-# from the generator, in data.smk).
+# Stage: expert trajectories of the real world (the toy world's come from the generator, in
+# data.smk). Expert 0 is the data set's own rationale; expert k >= 1 is written by its teacher
+# (`teachers.e<k>`: an OpenAI-compatible API, a local vLLM model, or your own JSONL), rejection-
+# sampled by the answer checker. The teacher cache (results/<profile>/real/teacher_cache/) is not
+# an output: Snakemake never deletes it, so a rerun only asks for what is missing.
 
 
-rule import_experts:
+rule gold_expert:
     input:
         f"{RESULTS}/real/data/{{ds}}/train.jsonl",
     output:
-        expand(f"{RESULTS}/real/experts/{{{{ds}}}}/e{{k}}.jsonl", k=ALL_EXPERTS),
-    params:
-        cfg=cli_config("experts", "world"),
+        f"{RESULTS}/real/experts/{{ds}}/e0.jsonl",
     log:
-        f"{LOGS}/experts/{{ds}}.log",
+        f"{LOGS}/experts/{{ds}}_e0.log",
     shell:
-        "{MEML} import-experts --dataset {wildcards.ds} --data {RESULTS}/real/data/{wildcards.ds} "
-        "--out {RESULTS}/real/experts/{wildcards.ds} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} gold-expert --dataset {wildcards.ds} --data {RESULTS}/real/data/{wildcards.ds} "
+        "--out {RESULTS}/real/experts/{wildcards.ds} > {log} 2>&1"
+
+
+def teacher_config(wildcards):
+    """The teacher's own settings only, so changing one teacher reruns only its expert."""
+    k = f"e{wildcards.k}"
+    chosen = {"profile": PROFILE, "mlflow": config["mlflow"], "experts": config["experts"]}
+    chosen["teachers"] = {k: config["teachers"][k]} if k in config["teachers"] else {}
+    return shlex.quote(json.dumps(chosen))
+
+
+rule teacher_trajectories:
+    input:
+        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+        rules.mlflow_store.output,
+    output:
+        f"{RESULTS}/real/experts/{{ds}}/e{{k}}.jsonl",
+        f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json",
+    wildcard_constraints:
+        k=r"[1-9]\d*",
+    params:
+        cfg=teacher_config,
+    threads: config["threads"]
+    resources:
+        gpu=lambda w: 1 if config["teachers"].get(f"e{w.k}", {}).get("backend") == "vllm" else 0,
+    log:
+        f"{LOGS}/experts/{{ds}}_e{{k}}.log",
+    shell:
+        "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} > {log} 2>&1"

@@ -2,7 +2,7 @@
 # from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
 # the outputs marked report() below, with their captions from pipeline/report/.
 
-TABLES = ["main", "ablation", "majority_vote", "complementarity"]
+TABLES = ["main", "ablation", "majority_vote", "complementarity"] + (["teachers"] if WORLD == "real" else [])
 COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
 
 
@@ -12,6 +12,9 @@ rule report:
         curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
         complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
         mlflow=rules.mlflow_store.output,
+        teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])
+        if WORLD == "real"
+        else [],
     output:
         tables_md=[
             report(f"{REPORT}/tables/{t}.md", caption=CAPTIONS / f"{t}.rst", category="Tables") for t in TABLES

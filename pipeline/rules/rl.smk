@@ -1,16 +1,5 @@
 # Stage: RIEL, one RL run per cell (model x data set x method x seed), each logged to its own
-# MLflow run. The MLflow store and experiment are created once, by one job, before any RL job.
-
-
-rule mlflow_store:
-    output:
-        f"{RESULTS}/mlflow_experiment.json",
-    params:
-        cfg=cli_config("profile", "mlflow"),
-    log:
-        f"{LOGS}/mlflow_store.log",
-    shell:
-        "{MEML} mlflow-init --out {output} --config-json {params.cfg} > {log} 2>&1"
+# MLflow run (the store is created by tracking.smk's rule before any RL job).
 
 
 def sft_done(wildcards):
