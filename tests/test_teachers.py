@@ -231,7 +231,7 @@ def test_teach_command_never_leaks_the_key(
                            "artifacts": str(tmp_path / "art")}}  # fmt: skip
     assert main(["teach", "--dataset", "gsm8k", "--expert", "1", "--config-json", json.dumps(sections)]) == 0
     out = capsys.readouterr()
-    assert "5 of 6 questions" in out.out
+    assert "5 of 6 questions" in out.out and "1 failed on every retry" in out.out
     assert (tmp_path / "results/p/real/experts/gsm8k/e1.stats.json").is_file()
     for path in tmp_path.rglob("*"):
         if path.is_file():

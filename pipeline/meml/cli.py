@@ -364,9 +364,11 @@ def cmd_teach(args: argparse.Namespace) -> None:
         )
         tracker.log(0, {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
         tracker.close()
+    failed = summary.get("questions_failed", 0)
     print(
         f"{args.dataset} expert {args.expert}: {summary['questions_with_trajectory']} of {summary['questions']} "
-        f"questions have an accepted trajectory (acceptance {summary['acceptance_rate']})"
+        f"questions have an accepted trajectory (acceptance {summary['acceptance_rate']}); "
+        f"{failed} failed on every retry this time (the next run asks for them again)"
     )
 
 
