@@ -80,6 +80,22 @@ def test_check_names_the_bad_key(overrides: dict, key: str) -> None:
     assert f"'{key}'" in str(err.value)
 
 
+def test_a_method_can_override_rl_settings() -> None:
+    per_expert = {"sft_experts": [0, 1, 2], "rl_experts": [0, 1, 2], "advantage": "grpo", "iml": False,
+                  "hsft": False, "rl": {"spread": "per_expert", "buffer": {"capacity": 4}}}  # fmt: skip
+    cfg = load_config(overrides={"methods.Matched": per_expert})
+    rl = grid.method_rl(cfg, "Matched")
+    assert rl["spread"] == "per_expert" and rl["buffer"]["capacity"] == 4
+    assert rl["buffer"]["threshold"] == cfg["rl"]["buffer"]["threshold"] and rl["steps"] == cfg["rl"]["steps"]
+    assert grid.method_rl(cfg, "MEML-GRPO") == cfg["rl"]
+    cell = grid.Cell("qwen2", "gsm8k", "Matched", 0)
+    assert grid.cell_params(cfg, cell)["rl"]["spread"] == "per_expert"
+    grid.check(cfg, 3)
+    bad = load_config(overrides={"methods.Matched": {**per_expert, "rl": {"spread": "everyone"}}})
+    with pytest.raises(DataError, match=r"'methods\.Matched\.rl\.spread'"):
+        grid.check(bad, 3)
+
+
 def test_schema_rejects_an_unknown_switch_value_by_key() -> None:
     with pytest.raises(DataError, match=r"methods\.MEML-GRPO\.advantage"):
         load_config(overrides={"methods.MEML-GRPO.advantage": "ppo"})

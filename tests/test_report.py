@@ -48,10 +48,14 @@ def _write_results(cfg: dict, root: Path) -> None:
         path.write_text(json.dumps({"model": block}))
         run = root / "rl" / cell.path
         run.mkdir(parents=True, exist_ok=True)
-        rewards = [0.1 * (step + 1) + 0.1 * cell.seed for step in range(3)]
-        (run / "metrics.jsonl").write_text(
-            "".join(json.dumps({"step": i, "reward/mean": r}) + "\n" for i, r in enumerate(rewards))
-        )
+        rows = [
+            {"step": i, "reward/mean": 0.1 * (i + 1) + 0.1 * cell.seed, "iml/pairs": 1.0, "hsft/flushes": float(i),
+             "subgroups/all_wrong/expert0": 0.5, "subgroups/all_wrong/expert1": 1.0,
+             "subgroups/all_correct/expert0": 0.0, "subgroups/all_correct/expert1": 0.25}
+            for i in range(3)
+        ]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
     stats = {
         "error_rate": {"e0": 0.35, "e1": 0.25, "e2": 0.20},
         "all_wrong_among_wrong": 0.10,
@@ -113,9 +117,19 @@ def test_vote_and_complementarity_tables(built: tuple[dict, Path]) -> None:
     assert _row(comp, "error rate, expert 0")[2:5] == ["35.0", "–", "–"]
 
 
+def test_sparsity_table_and_dashboard(built: tuple[dict, Path]) -> None:
+    _, out = built
+    row = _row((out / "tables/sparsity.md").read_text(), "MEML-GRPO")
+    # all wrong: mean of experts 0.5 and 1.0 = 75%; all right: (0 + 0.25) / 2 = 12.5%; IML pairs 1 a
+    # step over 3 steps; flushes: the counter at the last step, 2; the same in both seeds
+    assert row[2:6] == ["75.0 ± 0.0", "12.5 ± 0.0", "3.0 ± 0.0", "2.0 ± 0.0"]
+    for ds in ("gsm8k", "mathqa"):
+        assert (out / f"figures/sparsity_{ds}.png").stat().st_size > 1000
+
+
 def test_every_file_and_the_index(built: tuple[dict, Path]) -> None:
     _, out = built
-    for name in ("main", "ablation", "majority_vote", "complementarity"):
+    for name in ("main", "ablation", "majority_vote", "complementarity", "sparsity"):
         tex = (out / f"tables/{name}.tex").read_text()
         assert tex.count(r"\begin{tabular}") == tex.count(r"\end{tabular}") == 1
         assert f"tables/{name}.md" in (out / "index.md").read_text()

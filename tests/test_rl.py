@@ -209,3 +209,19 @@ def test_hf_engine_returns_completions_per_prompt(base_model: Path) -> None:
     assert [len(x) for x in out] == [2, 2]
     assert [len(x) for x in engine.generate(prompts, [3, 1], Sampling(max_new_tokens=5))] == [3, 1]
     assert all(len(c.token_ids) <= 5 and tok.pad_token_id not in c.token_ids for x in out for c in x)
+
+
+def test_rl_command_runs_a_method_with_its_own_rl_settings(small_world: Path, sft_model: Path, tmp_path: Path) -> None:
+    """`methods.<name>.rl` overrides reach the loop: here one step instead of the global two."""
+    import shutil
+
+    from meml.cli import main
+
+    shutil.copytree(small_world, tmp_path / "toy")
+    quick = {**METHODS["MoE-SFT-GRPO"], "rl": {"steps": 1, "spread": "per_expert"}}
+    sections = {"rl": tiny_settings(), "methods": {"Quick": quick}, "mlflow": {"enabled": False}}
+    args = ["rl", "--dataset", "gsm8k", "--method", "Quick", "--sft-dir", str(sft_model), "--results", str(tmp_path)]
+    assert main([*args, "--config-json", json.dumps(sections)]) == 0
+    run = tmp_path / "rl/qwen2/gsm8k/Quick/seed0"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert json.loads((run / "cell.json").read_text())["rl"]["spread"] == "per_expert"

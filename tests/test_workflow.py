@@ -14,7 +14,7 @@ from conftest import PROJECT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = PROJECT / "config" / "smoke.yaml"
-TABLES = ["main", "ablation", "majority_vote", "complementarity"]
+TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
 
 
 def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -53,6 +53,7 @@ def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:
     assert (report / "figures/reward_curves_strategyqa.png").stat().st_size > 1000
     assert (report / "figures/reward_curves_strategyqa.pdf").is_file()
     assert (report / "figures/complementarity_qwen2_strategyqa.png").is_file()
+    assert (report / "figures/sparsity_strategyqa.png").stat().st_size > 1000
     assert "tables/main.md" in (report / "index.md").read_text()
     assert (report / "toy_stats.md").is_file()
     main = (report / "tables/main.md").read_text()

@@ -159,7 +159,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def cmd_rl(args: argparse.Namespace) -> None:
-    from .grid import Cell, cell_key, cell_params, sft_variant
+    from .grid import Cell, cell_key, cell_params, method_rl, sft_variant
     from .records import check_dataset_name
     from .rl import run_rl
 
@@ -175,7 +175,7 @@ def cmd_rl(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else paths["root"] / "rl" / cell.path
     mlflow_settings = {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
     summary = run_rl(
-        cfg["rl"],
+        method_rl(cfg, args.method),
         method,
         sft_dir,
         paths["data"],

@@ -81,6 +81,13 @@ def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     return [m for m in models(cfg) if chosen is None or m in chosen]
 
 
+def method_rl(cfg: dict[str, Any], method: str) -> dict[str, Any]:
+    """The RL settings a method runs with: `rl`, with the method's own `rl` overrides laid over it."""
+    from .config import deep_merge
+
+    return deep_merge(cfg["rl"], cfg["methods"][method].get("rl") or {})
+
+
 def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
     """Every value that defines an RL cell's result. Snakemake reruns a cell when these change."""
     return {
@@ -91,7 +98,7 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "method": cell.method,
         "switches": cfg["methods"][cell.method],
         "seed": cell.seed,
-        "rl": cfg["rl"],
+        "rl": method_rl(cfg, cell.method),
         "sft": cfg["sft"],
         "reward": cfg["reward"],
         "prompts": cfg["experts"].get("prompts"),
@@ -150,6 +157,7 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
                     None,
                     f"methods.{name}.{key}",
                 )
+        _check_rl_override(cfg, name)
         if set(tables_of(cfg, name)) & {"main", "ablation"} and headline not in eval_experts(cfg, name):
             raise DataError(
                 f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",
@@ -161,3 +169,18 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
             raise DataError(
                 "a majority vote needs two or more evaluated experts", None, None, f"methods.{name}.eval_experts"
             )
+
+
+def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
+    """A method's `rl` overrides, merged into `rl`, must pass the schema of `rl` itself."""
+    import jsonschema
+    import yaml
+
+    from .config import SCHEMA_PATH
+
+    if not cfg["methods"][name].get("rl"):
+        return
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["rl"]
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name)):
+        key = ".".join([f"methods.{name}.rl", *(str(p) for p in err.path)])
+        raise DataError(f"invalid RL override: {err.message}", None, None, key)

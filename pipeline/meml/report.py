@@ -65,15 +65,28 @@ class Results:
         per_ds = [self.accuracy(model, ds, method) for ds in self.cfg["grid"]["datasets"]]
         return [statistics.fmean(seed_values) for seed_values in zip(*per_ds, strict=True)]
 
-    def curve(self, model: str, ds: str, method: str) -> list[float]:
-        """Mean training reward per step, averaged over seeds."""
-        runs = []
-        for seed in self.cfg["grid"]["seeds"]:
-            path = self.root / "rl" / grid.Cell(model, ds, method, seed).path / "metrics.jsonl"
-            lines = path.read_text().splitlines() if path.is_file() else []
-            runs.append([float(json.loads(x)["reward/mean"]) for x in lines if x])
+    def steps(self, model: str, ds: str, method: str, seed: int) -> list[dict[str, float]]:
+        """The step metrics of one cell (its metrics.jsonl)."""
+        path = self.root / "rl" / grid.Cell(model, ds, method, seed).path / "metrics.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+
+    def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
+        """A metric per step (a name, or a function of the step's metrics), averaged over seeds."""
+        get = metric if callable(metric) else (lambda row: float(row[metric]))
+        runs = [[get(row) for row in self.steps(model, ds, method, s)] for s in self.cfg["grid"]["seeds"]]
         steps = min(len(r) for r in runs) if runs else 0
         return [statistics.fmean(r[i] for r in runs) for i in range(steps)]
+
+
+def subgroup_share(kind: str) -> Any:
+    """Share of (question, expert) subgroups whose rollouts are all wrong (kind="all_wrong") or all
+    right ("all_correct"), averaged over the method's experts: where GRPO has no gradient."""
+
+    def get(row: dict[str, float]) -> float:
+        values = [v for k, v in row.items() if k.startswith(f"subgroups/{kind}/expert")]
+        return statistics.fmean(values) if values else 0.0
+
+    return get
 
 
 def _methods_in(cfg: dict[str, Any], table: str) -> list[str]:
@@ -229,6 +242,89 @@ def teachers_table(cfg: dict[str, Any], root: Path, n_experts: int) -> Table:
     return table
 
 
+def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
+    """How often GRPO had no signal, and how often MEML's two mechanisms fired, per cell."""
+    groups = [
+        (DATASET_TITLES[ds], ["all wrong", "all right", "IML pairs", "HSFT flushes"]) for ds in cfg["grid"]["datasets"]
+    ]
+    table = Table(
+        "sparsity", "Reward sparsity during RL, and how often IML and HSFT fired", ["model", "method"], groups
+    )
+    for model in grid.models(cfg):
+        for method in grid.methods(cfg):
+            cells: list[str] = []
+            for ds in cfg["grid"]["datasets"]:
+                per_seed = [results.steps(model, ds, method, s) for s in cfg["grid"]["seeds"]]
+                cells += [
+                    fmt(
+                        [
+                            100 * statistics.fmean(subgroup_share("all_wrong")(r) for r in rows)
+                            for rows in per_seed
+                            if rows
+                        ]
+                    ),
+                    fmt(
+                        [
+                            100 * statistics.fmean(subgroup_share("all_correct")(r) for r in rows)
+                            for rows in per_seed
+                            if rows
+                        ]
+                    ),
+                    fmt([sum(r["iml/pairs"] for r in rows) for rows in per_seed if rows]),
+                    fmt([rows[-1]["hsft/flushes"] for rows in per_seed if rows]),
+                ]
+            table.add([_model_label(cfg, model), method], cells)
+    table.notes = [
+        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        "all wrong / all right: % of (question, expert) subgroups whose rollouts all fail / all succeed, mean over "
+        "steps and the method's experts (GRPO gets no gradient from either); IML pairs: total over training; "
+        "HSFT flushes: SFT updates from the hard-example buffer. The paper reports none of these.",
+    ]
+    return table
+
+
+def sparsity_dashboard(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
+    """Per data set: all-wrong and all-right subgroup shares per step, cumulative IML pairs and HSFT
+    flushes, a column per model and a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = grid.models(cfg)
+    rows = [
+        ("all-wrong subgroups", subgroup_share("all_wrong"), False),
+        ("all-right subgroups", subgroup_share("all_correct"), False),
+        ("IML pairs (cumulative)", "iml/pairs", True),
+        ("HSFT flushes", "hsft/flushes", False),
+    ]
+    written = []
+    for ds in cfg["grid"]["datasets"]:
+        fig, axes = plt.subplots(len(rows), len(models), figsize=(4.2 * len(models), 2.2 * len(rows)), squeeze=False)
+        for col, model in enumerate(models):
+            for row, (label, metric, cumulative) in enumerate(rows):
+                ax = axes[row][col]
+                for method in grid.methods(cfg):
+                    values = results.curve(model, ds, method, metric)
+                    if cumulative:
+                        values = [sum(values[: i + 1]) for i in range(len(values))]
+                    ax.plot(range(1, len(values) + 1), values, marker="o", markersize=2, label=method)
+                ax.set_ylabel(label, fontsize=7)
+                ax.grid(alpha=0.3)
+            axes[0][col].set_title(_model_label(cfg, model), fontsize=9)
+            axes[-1][col].set_xlabel("RL step")
+        axes[0][-1].legend(fontsize=6)
+        scale = " (toy scale)" if cfg["world"] == "toy" else ""
+        fig.suptitle(f"{DATASET_TITLES[ds]}: reward sparsity and MEML's mechanisms{scale}", fontsize=10)
+        fig.tight_layout()
+        for ext in ("png", "pdf"):
+            path = out_dir / f"sparsity_{ds}.{ext}"
+            fig.savefig(path, dpi=120)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
 def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
     """One figure per data set: training reward per step, a panel per model, a line per method."""
     import matplotlib
@@ -279,6 +375,7 @@ def build(
         ablation_table(cfg, results, reference),
         vote_table(cfg, results),
         complementarity_table(cfg, root, reference),
+        sparsity_table(cfg, results),
     ]
     if cfg["world"] == "real":
         tables.append(teachers_table(cfg, root, len(cfg["experts"].get("prompts") or DEFAULT_PROMPTS)))
@@ -289,6 +386,7 @@ def build(
             atomic_write_text(path, render(table))
             written.append(path)
     written += reward_curves(cfg, results, figures_dir)
+    written += sparsity_dashboard(cfg, results, figures_dir)
     for model in grid.complementarity_models(cfg):
         for ds in cfg["grid"]["datasets"]:
             for ext in ("png", "pdf"):

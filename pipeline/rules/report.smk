@@ -2,7 +2,9 @@
 # from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
 # the outputs marked report() below, with their captions from pipeline/report/.
 
-TABLES = ["main", "ablation", "majority_vote", "complementarity"] + (["teachers"] if WORLD == "real" else [])
+TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"] + (
+    ["teachers"] if WORLD == "real" else []
+)
 COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
 
 
@@ -25,6 +27,11 @@ rule report:
             for ds in DATASETS
         ],
         curves_pdf=expand(f"{REPORT}/figures/reward_curves_{{ds}}.pdf", ds=DATASETS),
+        sparsity=[
+            report(f"{REPORT}/figures/sparsity_{ds}.png", caption=CAPTIONS / "sparsity.rst", category="Reward sparsity")
+            for ds in DATASETS
+        ],
+        sparsity_pdf=expand(f"{REPORT}/figures/sparsity_{{ds}}.pdf", ds=DATASETS),
         complementarity=[
             report(
                 f"{REPORT}/figures/complementarity_{name}.png",
