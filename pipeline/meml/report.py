@@ -283,14 +283,30 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
     return table
 
 
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, cfg: dict[str, Any], title: str, stem: Path) -> list[Path]:
+    """Title (marked toy scale in the toy world), then PNG and PDF beside each other."""
+    fig.suptitle(title + (" (toy scale)" if cfg["world"] == "toy" else ""), fontsize=10)
+    fig.tight_layout()
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=130)
+    _pyplot().close(fig)
+    return paths
+
+
 def sparsity_dashboard(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
     """Per data set: all-wrong and all-right subgroup shares per step, cumulative IML pairs and HSFT
     flushes, a column per model and a line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     models = grid.models(cfg)
     rows = [
         ("all-wrong subgroups", subgroup_share("all_wrong"), False),
@@ -314,24 +330,15 @@ def sparsity_dashboard(cfg: dict[str, Any], results: Results, out_dir: Path) -> 
             axes[0][col].set_title(_model_label(cfg, model), fontsize=9)
             axes[-1][col].set_xlabel("RL step")
         axes[0][-1].legend(fontsize=6)
-        scale = " (toy scale)" if cfg["world"] == "toy" else ""
-        fig.suptitle(f"{DATASET_TITLES[ds]}: reward sparsity and MEML's mechanisms{scale}", fontsize=10)
-        fig.tight_layout()
-        for ext in ("png", "pdf"):
-            path = out_dir / f"sparsity_{ds}.{ext}"
-            fig.savefig(path, dpi=120)
-            written.append(path)
-        plt.close(fig)
+        written += _save(
+            fig, cfg, f"{DATASET_TITLES[ds]}: reward sparsity and MEML's mechanisms", out_dir / f"sparsity_{ds}"
+        )
     return written
 
 
 def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[Path]:
     """One figure per data set: training reward per step, a panel per model, a line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     models = grid.models(cfg)
     methods = _methods_in(cfg, "curves")
     written = []
@@ -346,14 +353,7 @@ def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("mean training reward")
         axes[0][-1].legend(fontsize=7)
-        scale = " (toy scale)" if cfg["world"] == "toy" else ""
-        fig.suptitle(f"{DATASET_TITLES[ds]}: training reward per step{scale}", fontsize=10)
-        fig.tight_layout()
-        for ext in ("png", "pdf"):
-            path = out_dir / f"reward_curves_{ds}.{ext}"
-            fig.savefig(path, dpi=150)
-            written.append(path)
-        plt.close(fig)
+        written += _save(fig, cfg, f"{DATASET_TITLES[ds]}: training reward per step", out_dir / f"reward_curves_{ds}")
     return written
 
 
