@@ -54,13 +54,14 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-def cli_config(*sections, methods=None):
+def cli_config(*sections, only=None):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
-    in `params`, so Snakemake reruns a job exactly when a value it reads changes; `methods` narrows
-    the methods to the job's own, so editing one method reruns only that method's cells."""
+    in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
+    mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
+    so editing one method or one teacher reruns only its jobs."""
     chosen = {key: config[key] for key in sections}
-    if methods is not None:
-        chosen["methods"] = {m: config["methods"][m] for m in methods}
+    for section, keys in (only or {}).items():
+        chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
     return shlex.quote(json.dumps(chosen))
 
 

@@ -119,10 +119,20 @@ def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
     return tuple(cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS)
 
 
+def _mlflow_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`mlflow`, with the experiment named after the profile unless set: one experiment per profile."""
+    return {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
+
+
+def _world(cfg: dict[str, Any], results: str | None = None) -> Path:
+    """results/<profile>/<world>: the data sets and expert trajectories of this config's world."""
+    return Path(results or f"results/{cfg['profile']}") / cfg["world"]
+
+
 def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
     """Where a job's inputs live: results/<profile>/<world>/{data,experts}/<ds>, models/."""
     root = Path(args.results or f"results/{cfg['profile']}")
-    world = root / cfg["world"]
+    world = _world(cfg, args.results)
     return {
         "root": root,
         "data": world / "data" / args.dataset,
@@ -173,7 +183,7 @@ def cmd_rl(args: argparse.Namespace) -> None:
     if not (sft_dir / "config.json").is_file():
         raise DataError("SFT model not found (run `meml sft` for this method first)", sft_dir)
     out = Path(args.out) if args.out else paths["root"] / "rl" / cell.path
-    mlflow_settings = {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
+    mlflow_settings = _mlflow_settings(cfg)
     summary = run_rl(
         method_rl(cfg, args.method),
         method,
@@ -208,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     cfg = _config(args)
     check_dataset_name(args.dataset, "--dataset")
     experts = [int(k) for k in args.experts.split(",")]
-    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/{cfg['world']}/data")
+    data_root = Path(args.data_root) if args.data_root else _world(cfg) / "data"
     run_id = None
     if args.log_to_run:
         run_id_file = Path(args.log_to_run) / "mlflow_run_id"
@@ -260,7 +270,7 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     cfg = _config(args)
     check_dataset_name(args.dataset, "--dataset")
     experts = [int(k) for k in args.experts.split(",")]
-    data_root = Path(args.data_root) if args.data_root else Path(f"results/{cfg['profile']}/{cfg['world']}/data")
+    data_root = Path(args.data_root) if args.data_root else _world(cfg) / "data"
     settings = cfg["analysis"]["complementarity"]
     sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
     k = args.k or settings["samples"]
@@ -284,7 +294,7 @@ def cmd_mlflow_init(args: argparse.Namespace) -> None:
     from .tracking import ensure_experiment
 
     cfg = _config(args)
-    settings = {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
+    settings = _mlflow_settings(cfg)
     experiment_id = ensure_experiment(settings) if settings["enabled"] else None
     atomic_write_json(
         args.out,
@@ -316,7 +326,7 @@ def cmd_report(args: argparse.Namespace) -> None:
             results / "report_run",
             f"{cfg['profile']}/report",
             {"grid": cfg["grid"], "report": cfg["report"]},
-            {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]},
+            _mlflow_settings(cfg),
         )
         for path in written:
             tracker.log_artifact(path)
@@ -336,7 +346,7 @@ def cmd_teach(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     settings = settings_for(cfg, args.expert)
-    root = Path(args.results or f"results/{cfg['profile']}") / "real"
+    root = Path(args.results or f"results/{cfg['profile']}") / "real"  # teachers serve the real world only
     summary = build_expert(
         root / "data" / args.dataset,
         args.dataset,
@@ -355,7 +365,7 @@ def cmd_teach(args: argparse.Namespace) -> None:
             root / "teacher_runs" / args.dataset / f"e{args.expert}",
             f"{cfg['profile']}/teacher/{args.dataset}/e{args.expert}",
             {"teacher": settings, "dataset": args.dataset, "expert": args.expert},
-            {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]},
+            _mlflow_settings(cfg),
             tags={
                 "teacher_backend": settings["backend"],
                 "teacher_model": str(settings.get("model") or ""),

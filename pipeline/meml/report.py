@@ -44,6 +44,7 @@ class Results:
         self.metric = cfg["reward"]["mode"]  # the checker mode the tables report
         self.headline = f"e{cfg['report']['headline_expert']}"
         self.evals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self._steps: dict[grid.Cell, list[dict[str, float]]] = {}
         for cell in grid.cells(cfg):
             path = self.root / "eval" / f"{cell.path}.json"
             if not path.is_file():
@@ -66,9 +67,12 @@ class Results:
         return [statistics.fmean(seed_values) for seed_values in zip(*per_ds, strict=True)]
 
     def steps(self, model: str, ds: str, method: str, seed: int) -> list[dict[str, float]]:
-        """The step metrics of one cell (its metrics.jsonl)."""
-        path = self.root / "rl" / grid.Cell(model, ds, method, seed).path / "metrics.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+        """The step metrics of one cell (its metrics.jsonl), read once; several figures use them."""
+        cell = grid.Cell(model, ds, method, seed)
+        if cell not in self._steps:
+            path = self.root / "rl" / cell.path / "metrics.jsonl"
+            self._steps[cell] = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+        return self._steps[cell]
 
     def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
         """A metric per step (a name, or a function of the step's metrics), averaged over seeds."""
@@ -415,7 +419,7 @@ def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out:
     lines += ["", "## Tables in full", ""]
     for t in tables:
         lines += [to_markdown(t), ""]
-    experiment = cfg["mlflow"]["experiment"] or cfg["profile"]
+    experiment = cfg["mlflow"]["experiment"] or cfg["profile"]  # as the CLI names it
     lines += [
         f"Every cell is an MLflow run in experiment `{experiment}` (store `{cfg['mlflow']['tracking_uri']}`), "
         "tagged `cell_key` = `<profile>/<model>/<dataset>/<method>/seed<k>#<hash of its values>`.",

@@ -79,9 +79,13 @@ class Reply:
     tokens: int
 
 
+SHAPING = ("backend", "base_url", "model", "path", "temperature", "top_p", "max_tokens")
+
+
 def teacher_key(settings: dict[str, Any]) -> str:
-    """Hash of the settings that shape a teacher's answers (not timeouts, not the key's name)."""
-    shaping = {k: v for k, v in settings.items() if k not in ("timeout", "api_key_env", "concurrency")}
+    """Hash of the settings that shape a teacher's answers: not timeouts, retries, attempts,
+    concurrency or the key's name, so changing those reuses every cached answer."""
+    shaping = {k: settings.get(k) for k in SHAPING}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -247,7 +251,7 @@ def generate(
     cache = Cache(Path(cache_path), teacher_key(settings))
     max_attempts = int(settings["max_attempts"])
     todo = [r for r in records if not cache.finished(r.id, max_attempts)]
-    provenance = {k: settings.get(k) for k in ("backend", "base_url", "model", "temperature", "top_p", "max_tokens")}
+    provenance = {k: settings.get(k) for k in SHAPING if k != "path"}
     counts = {"requested_items": len(todo), "accepted": 0, "rejected": 0, "failed": 0, "tokens": 0}
     lock = threading.Lock()
 
@@ -323,11 +327,8 @@ def generate(
     return counts
 
 
-def accepted(
-    records: Sequence[Record], expert: int, settings: dict[str, Any], cache_path: str | Path
-) -> list[tuple[Record, str]]:
-    """The accepted trajectory of each record, from the cache (current teacher settings only)."""
-    cache = Cache(Path(cache_path), teacher_key(settings))
+def accepted(cache: Cache, records: Sequence[Record]) -> list[tuple[Record, str]]:
+    """The accepted trajectory of each record that has one (current teacher settings only)."""
     out = []
     for record in records:
         rows = [r for r in cache.attempts(record.id) if r["status"] == "accepted"]
@@ -336,20 +337,21 @@ def accepted(
     return out
 
 
-def stats(records: Sequence[Record], expert: int, settings: dict[str, Any], cache_path: str | Path) -> dict[str, Any]:
+def stats(
+    cache: Cache, records: Sequence[Record], kept: list[tuple[Record, str]], expert: int, settings: dict[str, Any]
+) -> dict[str, Any]:
     """Acceptance rate (accepted / attempted) and trajectory lengths, for the report."""
-    cache = Cache(Path(cache_path), teacher_key(settings))
     rows = [r for r in cache.rows if r["key"] == cache.key]
     tried = [r for r in rows if r["status"] in ("accepted", "rejected")]
-    kept = accepted(records, expert, settings, cache_path)
+    n_accepted = sum(r["status"] == "accepted" for r in tried)
     failed_items = {r["id"] for r in rows if r["status"] == "failed"} - {rec.id for rec, _ in kept}
     return {
         "expert": expert,
         "teacher": {k: settings.get(k) for k in ("backend", "model", "base_url")},
         "questions": len(records),
         "attempted": len(tried),
-        "accepted": sum(r["status"] == "accepted" for r in tried),
-        "acceptance_rate": round(sum(r["status"] == "accepted" for r in tried) / len(tried), 4) if tried else None,
+        "accepted": n_accepted,
+        "acceptance_rate": round(n_accepted / len(tried), 4) if tried else None,
         "questions_with_trajectory": len(kept),
         "questions_failed": len(failed_items),
         "tokens": sum(int(r.get("tokens") or 0) for r in rows),
@@ -393,8 +395,9 @@ def build_expert(
     else:
         cache = Path(cache_dir) / dataset / f"e{expert}.jsonl"
         counts = generate(records, expert, settings, cache, prompts=prompts, teacher=teacher, progress=progress)
-        kept = accepted(records, expert, settings, cache)
-        summary = {**stats(records, expert, settings, cache), "this_run": counts}
+        attempts = Cache(cache, teacher_key(settings))
+        kept = accepted(attempts, records)
+        summary = {**stats(attempts, records, kept, expert, settings), "this_run": counts}
     if not kept:
         raise DataError(f"no trajectory of expert {expert} was accepted on {dataset}", out)
     write_trajectories(out, expert, kept, f"teacher {summary['teacher']}")

@@ -2,6 +2,11 @@
 # method's evaluated experts' prompts, plus their majority vote. Results go to the cell's MLflow run.
 
 
+def rl_run_dir(w):
+    """The cell's RL run folder, quoted for the shell."""
+    return shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}")
+
+
 rule evaluate:
     input:
         f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
@@ -11,13 +16,9 @@ rule evaluate:
     params:
         cfg=cli_config("profile", "world", "device", "eval", "experts", "mlflow"),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
-        run=lambda w: shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}"),
+        run=lambda w: rl_run_dir(w),
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
-        log_to_run=lambda w: (
-            f"--log-to-run {shlex.quote(f'{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}')}"
-            if config["mlflow"]["enabled"]
-            else ""
-        ),
+        log_to_run=lambda w: f"--log-to-run {rl_run_dir(w)}" if config["mlflow"]["enabled"] else "",
     threads: config["threads"]
     resources:
         gpu=GPU,

@@ -17,14 +17,6 @@ rule gold_expert:
         "--out {RESULTS}/real/experts/{wildcards.ds} > {log} 2>&1"
 
 
-def teacher_config(wildcards):
-    """The teacher's own settings only, so changing one teacher reruns only its expert."""
-    k = f"e{wildcards.k}"
-    chosen = {"profile": PROFILE, "mlflow": config["mlflow"], "experts": config["experts"]}
-    chosen["teachers"] = {k: config["teachers"][k]} if k in config["teachers"] else {}
-    return shlex.quote(json.dumps(chosen))
-
-
 rule teacher_trajectories:
     input:
         f"{RESULTS}/real/data/{{ds}}/train.jsonl",
@@ -35,7 +27,8 @@ rule teacher_trajectories:
     wildcard_constraints:
         k=r"[1-9]\d*",
     params:
-        cfg=teacher_config,
+        # only this expert's teacher, so changing one teacher reruns only its expert
+        cfg=lambda w: cli_config("profile", "mlflow", "experts", only={"teachers": [f"e{w.k}"]}),
     threads: config["threads"]
     resources:
         gpu=lambda w: 1 if config["teachers"].get(f"e{w.k}", {}).get("backend") == "vllm" else 0,

@@ -15,7 +15,7 @@ rule rl:
         f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
     params:
         cfg=lambda w: cli_config(
-            "profile", "world", "seed", "device", "models", "sft", "rl", "reward", "experts", "mlflow", methods=[w.method]
+            "profile", "world", "seed", "device", "models", "sft", "rl", "reward", "experts", "mlflow", only={"methods": [w.method]}
         ),
     threads: config["threads"]
     resources:
