@@ -17,11 +17,11 @@ validate(config, Path(workflow.basedir) / "config" / "schema.yaml")
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import grid  # noqa: E402
-from meml.experts import DEFAULT_PROMPTS  # noqa: E402
+from meml.experts import prompts_of  # noqa: E402
 from meml.io import DataError  # noqa: E402
 
-N_EXPERTS = len(config["experts"].get("prompts") or DEFAULT_PROMPTS)
 try:
+    N_EXPERTS = len(prompts_of(config))
     grid.check(config, N_EXPERTS)
 except DataError as err:
     raise ValueError(f"invalid config: {err}") from None
@@ -33,9 +33,9 @@ REPORT = f"report/{PROFILE}"
 LOGS = f"logs/{PROFILE}"
 DATASETS = config["grid"]["datasets"]
 MODELS = grid.models(config)
-METHODS = grid.methods(config)
-CELLS = grid.cells(config)
+CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
 ALL_EXPERTS = list(range(N_EXPERTS))
+PAPER_EXPERTS = ALL_EXPERTS[:3]  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 # The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
 MEML = f"{shlex.quote(sys.executable)} -m meml.cli"
@@ -62,6 +62,8 @@ def cli_config(*sections, only=None):
     chosen = {key: config[key] for key in sections}
     for section, keys in (only or {}).items():
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
+    if "methods" in (only or {}):  # where a method is shown (`tables`) never reruns its own jobs
+        chosen["methods"] = {name: grid.switches(config, name) for name in chosen["methods"]}
     return shlex.quote(json.dumps(chosen))
 
 

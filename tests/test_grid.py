@@ -25,7 +25,7 @@ def test_default_grid_is_the_papers() -> None:
     assert grid.sft_variants(cfg) == ["e0-e1-e2", "e1"]
     assert grid.eval_experts(cfg, "MEML-GRPO") == [0, 1, 2]  # default: the RL experts
     assert grid.eval_experts(cfg, "MoE+IML") == [1]
-    assert grid.tables_of(cfg, "MoE+HSFT") == ["ablation"]
+    assert grid.tables_of(cfg, "MoE+HSFT") == ["ablation", "gain"]
     assert cells[0].path == "qwen2/gsm8k/Expert1-SFT-GRPO/seed0"
 
 
@@ -58,9 +58,16 @@ def test_cell_key_changes_only_with_the_cells_own_values() -> None:
         ({"models.qwen2.source": "tiny:gpt2"}, "models.qwen2.source"),
         ({"models.qwen2.source": "Qwen/Qwen2.5-Math-1.5B"}, "models.qwen2.source"),  # toy world, hub model
         (
-            {"methods.X": {"sft_experts": [3], "rl_experts": [0], "advantage": "grpo", "iml": False, "hsft": False}},
+            {
+                "methods.X": {"sft_experts": [3], "rl_experts": [0], "advantage": "grpo", "iml": False, "hsft": False},
+                "extras.methods": ["X"],
+            },
             "methods.X.sft_experts",
         ),
+        ({"extras.methods": ["MEML-5experts"]}, "methods.MEML-5experts.sft_experts"),  # needs experts.count 5
+        ({"extras.methods": ["MEML-B4", "MEML-B5"]}, "extras.methods[1]"),
+        ({"extras.methods": ["MEML-B4"], "extras.models": ["gpt"]}, "extras.models[0]"),
+        ({"extras.methods": ["MEML-B4"], "grid.datasets": ["mathqa"]}, "extras.datasets[0]"),
         ({"methods.MEML-GRPO.eval_experts": [0, 2]}, "methods.MEML-GRPO.eval_experts"),  # main table needs expert 1
         ({"methods.MoE+IML.tables": ["vote"]}, "methods.MoE+IML.eval_experts"),  # a vote of one
         ({"world": "real"}, "teachers.e1"),  # the real world needs a teacher per expert above 0
@@ -83,7 +90,7 @@ def test_check_names_the_bad_key(overrides: dict, key: str) -> None:
 def test_a_method_can_override_rl_settings() -> None:
     per_expert = {"sft_experts": [0, 1, 2], "rl_experts": [0, 1, 2], "advantage": "grpo", "iml": False,
                   "hsft": False, "rl": {"spread": "per_expert", "buffer": {"capacity": 4}}}  # fmt: skip
-    cfg = load_config(overrides={"methods.Matched": per_expert})
+    cfg = load_config(overrides={"methods.Matched": per_expert, "extras.methods": ["Matched"]})
     rl = grid.method_rl(cfg, "Matched")
     assert rl["spread"] == "per_expert" and rl["buffer"]["capacity"] == 4
     assert rl["buffer"]["threshold"] == cfg["rl"]["buffer"]["threshold"] and rl["steps"] == cfg["rl"]["steps"]
@@ -91,7 +98,9 @@ def test_a_method_can_override_rl_settings() -> None:
     cell = grid.Cell("qwen2", "gsm8k", "Matched", 0)
     assert grid.cell_params(cfg, cell)["rl"]["spread"] == "per_expert"
     grid.check(cfg, 3)
-    bad = load_config(overrides={"methods.Matched": {**per_expert, "rl": {"spread": "everyone"}}})
+    bad = load_config(
+        overrides={"methods.Matched": {**per_expert, "rl": {"spread": "everyone"}}, "extras.methods": ["Matched"]}
+    )
     with pytest.raises(DataError, match=r"'methods\.Matched\.rl\.spread'"):
         grid.check(bad, 3)
 
@@ -101,3 +110,24 @@ def test_schema_rejects_an_unknown_switch_value_by_key() -> None:
         load_config(overrides={"methods.MEML-GRPO.advantage": "ppo"})
     with pytest.raises(DataError, match=r"grid\.datasets"):
         load_config(overrides={"grid.datasets": ["gsm8k", "aqua"]})
+
+
+def test_extras_add_cells_on_their_own_smaller_grid() -> None:
+    cfg = load_config(
+        overrides={
+            "extras.methods": ["MEML-B4", "MEML-GRPO", "MEML-5experts"],
+            "experts.count": 5,
+            "grid.seeds": [0, 1],
+        }
+    )
+    grid.check(cfg, 5)
+    cells = grid.cells(cfg)
+    extra = [c for c in cells if c.method in ("MEML-B4", "MEML-5experts")]
+    # extras: 2 models x gsm8k x 2 methods x 2 seeds; MEML-GRPO is a grid method already (no duplicate)
+    assert len(extra) == 2 * 1 * 2 * 2 and {c.dataset for c in extra} == {"gsm8k"}
+    assert len(cells) == 2 * 3 * 7 * 2 + len(extra) == len(set(cells))
+    assert grid.sft_variants(cfg) == ["e0-e1-e2", "e0-e1-e2-e3-e4", "e1"]
+    # where a method is shown is not part of its cell's values
+    moved = load_config(overrides={"methods.MEML-GRPO.tables": ["main"]})
+    meml = grid.Cell("qwen2", "gsm8k", "MEML-GRPO", 0)
+    assert grid.cell_key(moved, meml) == grid.cell_key(load_config(), meml)

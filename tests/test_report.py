@@ -51,7 +51,8 @@ def _write_results(cfg: dict, root: Path) -> None:
         rows = [
             {"step": i, "reward/mean": 0.1 * (i + 1) + 0.1 * cell.seed, "iml/pairs": 1.0, "hsft/flushes": float(i),
              "subgroups/all_wrong/expert0": 0.5, "subgroups/all_wrong/expert1": 1.0,
-             "subgroups/all_correct/expert0": 0.0, "subgroups/all_correct/expert1": 0.25}
+             "subgroups/all_correct/expert0": 0.0, "subgroups/all_correct/expert1": 0.25,
+             "perf/step_seconds": 2.0, "rollouts/sampled": 48.0 if "per_expert" in cell.method else 16.0}
             for i in range(3)
         ]  # fmt: skip
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -161,3 +162,53 @@ def test_teachers_table_from_the_stats_files(tmp_path: Path) -> None:
     table = teachers_table(cfg, tmp_path, 3)
     assert table.rows == [["GSM8K", "81.2", "90 / 100", "321.5", "–", "0 / 100", "–"]]
     assert r"\multicolumn{3}{c}{expert 2}" in to_latex(table)
+
+
+def test_verdicts_need_the_order_on_every_seed() -> None:
+    from meml.extras import verdict
+
+    assert verdict([30.0, 40.0], [25.0, 25.0]) == "reproduces"
+    assert verdict([20.0, 20.0], [30.0, 40.0]) == "refutes"
+    assert verdict([30.0, 20.0], [25.0, 25.0]) == "cannot tell"
+    assert verdict([50.0], [10.0]) == "cannot tell (one seed)"
+    assert verdict([40.0, 40.0], [40.0, 30.0], ">=") == "reproduces"  # matches or beats
+    assert verdict([30.0, 40.0], [40.0, 40.0], ">=") == "refutes"
+
+
+def test_extra_tables_and_summary_by_hand(tmp_path: Path) -> None:
+    cfg = load_config(
+        overrides={
+            "profile": "t",
+            "grid.models": ["qwen2"],
+            "grid.datasets": ["gsm8k", "mathqa"],
+            "grid.seeds": [0, 1],
+            "mlflow.enabled": False,
+            "extras.methods": ["MEML-B4", "MEML-per_expert"],
+        }
+    )
+    _write_results(cfg, tmp_path / "results")
+    build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    tables = tmp_path / "report" / "tables"
+    sensitivity = (tables / "sensitivity.md").read_text()
+    # on extras.datasets = [gsm8k]: MEML-GRPO's seeds 10 and 20 -> 15.0 ± 7.1; MEML-B4 scores 25 on both
+    assert _row(sensitivity, "MEML-GRPO")[3:6] == ["15.0 ± 7.1", "15.0 ± 7.1", "10.0 / 20.0"]
+    assert _row(sensitivity, "MEML-B4")[2:6] == ["experts 0,1,2 · grpo · IML · HSFT · buffer.capacity=4",
+                                                 "25.0 ± 0.0", "25.0 ± 0.0", "25.0 / 25.0"]  # fmt: skip
+    compute = (tables / "compute.md").read_text()
+    # 3 steps of 16 (shared) or 48 (per expert) rollouts, 2 s a step
+    assert _row(compute, "MEML-GRPO")[-2:] == ["48", "6.0"] and _row(compute, "MEML-per_expert")[-2:] == ["144", "6.0"]
+    assert (tables / "gain.tex").is_file() and "Expert1+HSFT" not in (tables / "gain.md").read_text()  # not run
+    index = (tmp_path / "report" / "index.md").read_text()
+    # grid average of MEML-GRPO per seed: (10 + 50) / 2 = 30, (20 + 60) / 2 = 40; MoE+HSFT: 20, 20
+    assert (
+        "IML adds to HSFT (ablation, full method): MEML-GRPO 35.0 (seeds 30.0 / 40.0) against MoE+HSFT 20.0 "
+        "(seeds 20.0 / 20.0). **reproduces**." in index
+    )
+    # expert 1 against the vote (40 on every cell): 30 < 40, 40 = 40 -> never ahead, once behind
+    assert (
+        "majority vote: one expert 35.0 (seeds 30.0 / 40.0) against vote 40.0 (seeds 40.0 / 40.0). **refutes**" in index
+    )
+    # sensitivity: the largest move is MEML-B4's +10.0 against a seed sd of 7.1 (not more than twice)
+    assert "is +10.0 (MEML-B4: buffer.capacity=4), against a seed sd of 7.1. **within seed noise**" in index
+    # complementarity: solved by another (50 + 70) / 2 = 60.0, not more than 60
+    assert "60.0% here" in index and "at least one expert right in 95.0% of draws. **refutes**" in index

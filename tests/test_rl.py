@@ -225,3 +225,69 @@ def test_rl_command_runs_a_method_with_its_own_rl_settings(small_world: Path, sf
     run = tmp_path / "rl/qwen2/gsm8k/Quick/seed0"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     assert json.loads((run / "cell.json").read_text())["rl"]["spread"] == "per_expert"
+
+
+def test_informative_groups_by_hand() -> None:
+    from meml.rl import Groups
+
+    # question 0: expert 0 has 1/0 (spread); question 1: every slot 0; question 2: all 1 but a padded slot
+    rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 0.0]]])
+    valid = torch.ones(3, 2, 2, dtype=torch.bool)
+    valid[2, 1, 1] = False  # expert 1 has one rollout there: the 0 is padding, not a reward
+    groups = Groups([], [], [], rewards, rewards > 0, valid)
+    assert groups.informative().tolist() == [True, False, False]
+
+
+class HalfRightEngine(ScriptedEngine):
+    """On the questions in `solvable`, every expert alternates right and wrong (a reward spread);
+    on the others every rollout is wrong (no gradient)."""
+
+    def __init__(self, tokenizer: Any, answers: dict[str, str], solvable: set[str]) -> None:
+        super().__init__(tokenizer, answers)
+        self.solvable = solvable
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
+    ) -> list[list[Completion]]:
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+        out = []
+        for p, k in zip(prompts, counts, strict=True):
+            text = self.tokenizer.decode(list(p))
+            question = next(q for q in self.answers if q in text)
+            self.calls.append(question)
+            right = f"#### {self.answers[question]}" if question in self.solvable else "#### 100000"
+            replies = [right if i % 2 == 0 else "#### 100000" for i in range(k)]
+            eos = [self.tokenizer.eos_token_id]
+            out.append(
+                [Completion(self.tokenizer(r, add_special_tokens=False)["input_ids"] + eos, r, True) for r in replies]
+            )
+        return out
+
+
+def test_dynamic_sampling_replaces_questions_without_reward_spread(
+    small_world: Path, base_model: Path, tmp_path: Path
+) -> None:
+    data = small_world / "data/gsm8k"
+    records = read_records(data / "train.jsonl")
+    answers = {r.question: r.answer for r in records}
+    solvable = {r.question for i, r in enumerate(records) if i % 3 == 0}
+    order = QuestionOrder(len(records), seed=0).take(40)
+    method = Method.from_config("DS", {**METHODS["MoE-SFT-GRPO"], "dynamic_sampling": 2})
+    engine = HalfRightEngine(AutoTokenizer.from_pretrained(base_model), answers, solvable)
+    run_rl(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", tmp_path, engine=engine,
+           progress=False)  # fmt: skip
+    # by hand: the first 2 questions of the order; each round replaces the unsolvable ones with the next ones
+    batch, taken, replaced, rounds = order[:2], 2, 0, 0
+    while rounds < 2 and any(records[i].question not in solvable for i in batch):
+        dead = [j for j, i in enumerate(batch) if records[i].question not in solvable]
+        for j in dead:
+            batch[j], taken = order[taken], taken + 1
+        replaced, rounds = replaced + len(dead), rounds + 1
+    assert replaced > 0  # the chosen order does exercise the replacement
+    m = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert (m["dynamic/replaced"], m["dynamic/rounds"]) == (replaced, rounds)
+    assert m["rollouts/sampled"] == (2 + replaced) * 4  # G = 4 shared by the three experts
+    # every question was asked of the three experts; the questions trained on are the last batch
+    assert len(engine.calls) == 3 * (2 + replaced)
+    # the step trains on the final batch: only its still-unsolvable questions are all wrong
+    assert m["subgroups/all_wrong"] == pytest.approx(sum(records[i].question not in solvable for i in batch) / 2)

@@ -71,3 +71,23 @@ def test_difficulty_range_and_balance(small_world: Path) -> None:
         assert len(s["difficulty"]) >= 3, ds  # easy and hard questions alike
     assert stats["strategyqa"]["answers"] == {"no": 40, "yes": 40}
     assert len(stats["mathqa"]["answers"]) == 5
+
+
+def test_five_expert_world_adds_two_distinct_checked_styles(tmp_path: Path) -> None:
+    from meml.toy.styles import render_e3, render_e4
+
+    build_world(tmp_path, 0, SIZES, n_experts=5)
+    for ds in SIZES:
+        records = {r.id: r for r in read_records(tmp_path / "data" / ds / "train.jsonl")}
+        e0 = {r.id: c for r, _, c in read_trajectories(tmp_path / "experts" / ds / "e0.jsonl", records)}
+        for k, render in ((3, render_e3), (4, render_e4)):
+            rows = read_trajectories(tmp_path / "experts" / ds / f"e{k}.jsonl", records)
+            assert len(rows) == len(records)
+            for record, expert, completion in rows:
+                assert expert == k and completion == render(record) and completion != e0[record.id]
+                assert is_correct(completion, ds, record.answer, "strict", record.options)
+        record = next(iter(records.values()))
+        assert render_e3(record).startswith("1. ") and render_e4(record).startswith("I expect the answer to be")
+    # a 3-expert world built over it removes the extra styles again
+    build_world(tmp_path, 0, SIZES)
+    assert not (tmp_path / "experts" / "gsm8k" / "e3.jsonl").exists()

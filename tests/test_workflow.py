@@ -15,6 +15,9 @@ from conftest import PROJECT
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = PROJECT / "config" / "smoke.yaml"
 TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
+# one extra method for each extra table (the open questions); five experts for the experts table
+EXTRAS = ["Expert1+HSFT", "MEML-Dr.GRPO", "MEML-5experts", "MEML-per_expert", "MEML-B4", "MoE-SFT-GRPO+DS"]
+EXTRA_TABLES = ["gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic"]
 
 
 def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -33,9 +36,12 @@ def _job_counts(output: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The whole DAG once, on one model and one data set (every rule, every table)."""
+    """The whole DAG once, on one model and one data set (every rule, every table, the extras)."""
     tmp = tmp_path_factory.mktemp("dag")
-    (tmp / "grid.yaml").write_text("grid: {models: [qwen2], datasets: [strategyqa]}\n")
+    (tmp / "grid.yaml").write_text(
+        "grid: {models: [qwen2], datasets: [strategyqa]}\n"
+        f"extras: {{datasets: [strategyqa], methods: {json.dumps(EXTRAS)}}}\nexperts: {{count: 5}}\n"
+    )
     done = _run(tmp, "--configfile", str(SMOKE), str(tmp / "grid.yaml"))
     assert done.returncode == 0, done.stderr[-4000:]
     return tmp
@@ -43,7 +49,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:
     report = smoke_run / "report/smoke"
-    for name in TABLES:
+    for name in TABLES + EXTRA_TABLES:
         rows = [line for line in (report / f"tables/{name}.md").read_text().splitlines() if line.startswith("|")]
         assert len(rows) >= 3 and len({row.count("|") for row in rows}) == 1, name
         tex = (report / f"tables/{name}.tex").read_text()
@@ -58,6 +64,15 @@ def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:
     assert (report / "toy_stats.md").is_file()
     main = (report / "tables/main.md").read_text()
     assert all(m in main for m in ["Expert1-SFT-GRPO", "MoE-SFT-Dr.GRPO", "MEML-GRPO"]) and "Toy scale" in main
+    assert "MEML-5experts" not in main  # extras stay in their own tables
+    experts = (report / "tables/experts.md").read_text()
+    assert "MEML-5experts" in experts and "experts 0,1,2,3,4" in experts and "MEML-GRPO" in experts
+    compute = (report / "tables/compute.md").read_text()
+    # one seed, 2 steps x 2 questions: G = 8 shared -> 16 rollouts a step; per expert 3 x 8 -> 48
+    assert re.search(r"MEML-GRPO \|[^\n]*\| 32 \|", compute) and re.search(r"MEML-per_expert \|[^\n]*\| 96 \|", compute)
+    index = (report / "index.md").read_text()
+    assert "## What the numbers say" in index and "Does HSFT alone, on one expert" in index
+    assert "cannot tell (one seed)" in index  # one seed: no verdict is claimed
 
 
 def test_second_invocation_does_nothing(smoke_run: Path) -> None:
@@ -71,7 +86,7 @@ def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> 
     mlflow.set_tracking_uri(f"sqlite:///{smoke_run / 'results/mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["smoke"], output_format="list")
     keys = [r.data.tags["cell_key"] for r in runs]
-    assert len(keys) == len(set(keys)) == 7 + 1  # seven methods' cells and the report run
+    assert len(keys) == len(set(keys)) == 7 + len(EXTRAS) + 1  # the grid's and the extras' cells, the report
     cell = smoke_run / "results/smoke/rl/qwen2/strategyqa/MEML-GRPO/seed0"
     run_id = (cell / "mlflow_run_id").read_text().strip()
     assert json.loads((cell / "DONE").read_text())["mlflow_run_id"] == run_id

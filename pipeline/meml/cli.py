@@ -48,7 +48,7 @@ def cmd_toy_world(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
-    for summary in build_world(args.out, cfg["seed"], sizes):  # type: ignore[arg-type]
+    for summary in build_world(args.out, cfg["seed"], sizes, len(_prompts(cfg))):  # type: ignore[arg-type]
         print(f"{summary['dataset']}: {summary['train']} train / {summary['test']} test -> {args.out}")
 
 
@@ -64,12 +64,10 @@ def cmd_toy_stats(args: argparse.Namespace) -> None:
 
 
 def cmd_tiny_models(args: argparse.Namespace) -> None:
-    from .experts import DEFAULT_PROMPTS
     from .tiny_models import build_tiny_models, toy_corpus
 
     cfg = _config(args)
-    prompts = cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS
-    corpus = toy_corpus(args.root, prompts)
+    corpus = toy_corpus(args.root, _prompts(cfg))
     for kind, folder in build_tiny_models(corpus, args.out, cfg["seed"], cfg["toy"]["vocab_size"]).items():
         print(f"{kind}: {folder}")
 
@@ -103,20 +101,19 @@ def cmd_agreement(args: argparse.Namespace) -> None:
 
 
 def _method(cfg: dict[str, Any], name: str) -> Any:
-    from .experts import DEFAULT_PROMPTS
-    from .grid import check
+    from .grid import check_method
     from .rl import Method
 
     if name not in cfg["methods"]:
         raise DataError(f"unknown method '{name}'; known: {', '.join(cfg['methods'])}", None, None, "methods")
-    check(cfg, len(cfg["experts"].get("prompts") or DEFAULT_PROMPTS))
+    check_method(cfg, name, len(_prompts(cfg)))
     return Method.from_config(name, cfg["methods"][name])
 
 
 def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
-    from .experts import DEFAULT_PROMPTS
+    from .experts import prompts_of
 
-    return tuple(cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS)
+    return prompts_of(cfg)
 
 
 def _mlflow_settings(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ An expert is one system prompt of one model (MEF trains a single model on all of
 paper does not print its prompts; ours are assumed and can be replaced in the config
 (`experts.prompts`). Expert 0 writes like the data set's own rationale, expert 1 like
 DeepSeek-R1 (a long chain in <think> tags), expert 2 like Doubao-1.5-thinking (solve, then
-re-check and correct).
+re-check and correct). Experts 3 and 4 exist for the number-of-experts study only (config
+`experts.count`, default 3): expert 3 numbers the reference's steps, expert 4 states its answer
+first and then justifies it.
 
 A trajectory file `e<k>.jsonl` holds one object a line: {"id", "expert", "completion", "source"},
 `id` being the question's record id.
@@ -27,7 +29,18 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
     "small step in order, then give the answer line.",
     "You are expert 2. Solve the problem, then reflect: check each step another way, correct any "
     "mistake you find, and end with the answer line.",
+    "You are expert 3. Write the solution as a numbered list of short steps, then the answer line.",
+    "You are expert 4. State the answer you expect first, then justify it step by step, and end with the answer line.",
 )
+
+
+def prompts_of(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The config's expert prompts: `experts.prompts` (or ours), the first `experts.count` of them."""
+    prompts = tuple(cfg.get("experts", {}).get("prompts") or DEFAULT_PROMPTS)
+    count = int(cfg.get("experts", {}).get("count") or 3)
+    if count > len(prompts):
+        raise DataError(f"{count} experts but only {len(prompts)} prompts", None, None, "experts.count")
+    return prompts[:count]
 
 
 def user_message(record: Record) -> str:

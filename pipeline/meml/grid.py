@@ -16,6 +16,7 @@ from typing import Any
 from .io import DataError
 
 TABLES = ("main", "ablation", "vote", "curves")
+EXTRA_TABLES = ("gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,32 @@ def methods(cfg: dict[str, Any]) -> list[str]:
     return list(cfg["grid"]["methods"] or cfg["methods"])
 
 
+def extra_models(cfg: dict[str, Any]) -> list[str]:
+    return list(cfg["extras"]["models"] or models(cfg))
+
+
+def used_methods(cfg: dict[str, Any]) -> list[str]:
+    """The grid's methods, then the extras' (each once), in that order."""
+    return list(dict.fromkeys([*methods(cfg), *cfg["extras"]["methods"]]))
+
+
 def cells(cfg: dict[str, Any]) -> list[Cell]:
-    return [
+    """The grid's cells, then the extras' cells (extras.models x extras.datasets x extras.methods)."""
+    main = [
         Cell(m, ds, method, seed)
         for m in models(cfg)
         for ds in cfg["grid"]["datasets"]
         for method in methods(cfg)
         for seed in cfg["grid"]["seeds"]
     ]
+    extra = [
+        Cell(m, ds, method, seed)
+        for m in extra_models(cfg)
+        for ds in cfg["extras"]["datasets"]
+        for method in cfg["extras"]["methods"]
+        for seed in cfg["grid"]["seeds"]
+    ]
+    return list(dict.fromkeys([*main, *extra]))
 
 
 def eval_experts(cfg: dict[str, Any], method: str) -> list[int]:
@@ -67,7 +86,7 @@ def tables_of(cfg: dict[str, Any], method: str) -> list[str]:
 
 def sft_variants(cfg: dict[str, Any]) -> list[str]:
     """The MEF runs the grid's methods need (methods sharing SFT data share the run)."""
-    return sorted({sft_variant(cfg["methods"][m]["sft_experts"]) for m in methods(cfg)})
+    return sorted({sft_variant(cfg["methods"][m]["sft_experts"]) for m in used_methods(cfg)})
 
 
 def tiny_arch(cfg: dict[str, Any], model: str) -> str | None:
@@ -96,13 +115,18 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "model_source": cfg["models"][cell.model]["source"],
         "dataset": cell.dataset,
         "method": cell.method,
-        "switches": cfg["methods"][cell.method],
+        "switches": switches(cfg, cell.method),
         "seed": cell.seed,
         "rl": method_rl(cfg, cell.method),
         "sft": cfg["sft"],
         "reward": cfg["reward"],
         "prompts": cfg["experts"].get("prompts"),
     }
+
+
+def switches(cfg: dict[str, Any], method: str) -> dict[str, Any]:
+    """A method's entry without `tables`: where a method is shown does not change its result."""
+    return {k: v for k, v in cfg["methods"][method].items() if k != "tables"}
 
 
 def params_hash(params: dict[str, Any]) -> str:
@@ -117,10 +141,18 @@ def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
 
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
     """Checks across keys that the JSON schema cannot express; each error names its key."""
-    for i, name in enumerate(cfg["grid"]["methods"] or []):
-        if name not in cfg["methods"]:
-            known = ", ".join(cfg["methods"])
-            raise DataError(f"unknown method '{name}'; known: {known}", None, None, f"grid.methods[{i}]")
+    for section in ("grid", "extras"):
+        for i, name in enumerate(cfg[section]["methods"] or []):
+            if name not in cfg["methods"]:
+                known = ", ".join(cfg["methods"])
+                raise DataError(f"unknown method '{name}'; known: {known}", None, None, f"{section}.methods[{i}]")
+    for i, name in enumerate(cfg["extras"]["models"] or []):
+        if name not in models(cfg):
+            raise DataError(f"'{name}' is not one of the grid's models", None, None, f"extras.models[{i}]")
+    for i, name in enumerate(cfg["extras"]["datasets"]):
+        if cfg["extras"]["methods"] and name not in cfg["grid"]["datasets"]:
+            # the extra tables compare with the grid's methods on the same data sets
+            raise DataError(f"'{name}' is not one of grid.datasets", None, None, f"extras.datasets[{i}]")
     for i, name in enumerate(cfg["grid"]["models"] or []):
         if name not in cfg["models"]:
             known = ", ".join(cfg["models"])
@@ -146,29 +178,35 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
 
         for k in range(1, n_prompts):
             settings_for(cfg, k)  # every expert above 0 needs a teacher
+    for name in used_methods(cfg):
+        check_method(cfg, name, n_prompts)
+
+
+def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
+    """The checks of one method's entry (the CLI runs these for the method it is asked to run)."""
     headline = cfg["report"]["headline_expert"]
-    for name, switches in cfg["methods"].items():
-        for key in ("sft_experts", "rl_experts", "eval_experts"):
-            bad = [k for k in switches.get(key) or [] if k >= n_prompts]
-            if bad:
-                raise DataError(
-                    f"expert(s) {bad} have no system prompt (experts 0..{n_prompts - 1})",
-                    None,
-                    None,
-                    f"methods.{name}.{key}",
-                )
-        _check_rl_override(cfg, name)
-        if set(tables_of(cfg, name)) & {"main", "ablation"} and headline not in eval_experts(cfg, name):
+    entry = cfg["methods"][name]
+    for key in ("sft_experts", "rl_experts", "eval_experts"):
+        bad = [k for k in entry.get(key) or [] if k >= n_prompts]
+        if bad:
             raise DataError(
-                f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",
+                f"expert(s) {bad} are not in this world (experts 0..{n_prompts - 1}; see experts.count)",
                 None,
                 None,
-                f"methods.{name}.eval_experts",
+                f"methods.{name}.{key}",
             )
-        if "vote" in tables_of(cfg, name) and len(eval_experts(cfg, name)) < 2:
-            raise DataError(
-                "a majority vote needs two or more evaluated experts", None, None, f"methods.{name}.eval_experts"
-            )
+    _check_rl_override(cfg, name)
+    if set(tables_of(cfg, name)) & {"main", "ablation", *EXTRA_TABLES} and headline not in eval_experts(cfg, name):
+        raise DataError(
+            f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",
+            None,
+            None,
+            f"methods.{name}.eval_experts",
+        )
+    if "vote" in tables_of(cfg, name) and len(eval_experts(cfg, name)) < 2:
+        raise DataError(
+            "a majority vote needs two or more evaluated experts", None, None, f"methods.{name}.eval_experts"
+        )
 
 
 def _check_rl_override(cfg: dict[str, Any], name: str) -> None:

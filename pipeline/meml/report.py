@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from . import grid
-from .experts import DEFAULT_PROMPTS
+from .experts import prompts_of
 from .io import DataError, atomic_write_text, read_json
 from .tables import MISSING, Table, fmt, fmt_diff, ours_paper_diff, to_latex, to_markdown
 
@@ -382,7 +382,18 @@ def build(
         sparsity_table(cfg, results),
     ]
     if cfg["world"] == "real":
-        tables.append(teachers_table(cfg, root, len(cfg["experts"].get("prompts") or DEFAULT_PROMPTS)))
+        tables.append(teachers_table(cfg, root, len(prompts_of(cfg))))
+    from . import extras  # it builds on this module's tables
+
+    if cfg["extras"]["methods"]:
+        seeds = len(cfg["grid"]["seeds"])
+        notes = [
+            *([TOY_NOTE] if cfg["world"] == "toy" else []),
+            f"Accuracy in % ({results.metric} answer checker), "
+            + (f"mean ± sd over {seeds} seeds" if seeds > 1 else "one seed")
+            + "; the paper reports none of these (questions it leaves open).",
+        ]
+        tables += [extras.extra_table(cfg, results, name, _model_label, notes) for name in grid.EXTRA_TABLES]
     written: list[Path] = []
     for table in tables:
         for ext, render in (("md", to_markdown), ("tex", to_latex)):
@@ -399,15 +410,16 @@ def build(
                 shutil.copyfile(source, target)
                 written.append(target)
     index = out / "index.md"
-    atomic_write_text(index, index_page(cfg, tables, written, out))
+    atomic_write_text(index, index_page(cfg, tables, written, out, extras.summary(cfg, results, root)))
     written.append(index)
     return written
 
 
-def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out: Path) -> str:
+def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out: Path, summary: list[str]) -> str:
     lines = [f"# MEML-GRPO reproduction: profile `{cfg['profile']}`", ""]
     if cfg["world"] == "toy":
         lines += [f"> {TOY_NOTE}", ""]
+    lines += ["## What the numbers say", "", *summary, ""]
     lines += ["## Tables", ""]
     for t in tables:
         lines.append(f"- {t.title}: [Markdown](tables/{t.name}.md), [LaTeX](tables/{t.name}.tex)")

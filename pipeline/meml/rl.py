@@ -6,6 +6,8 @@ Read it top to bottom. A method is a set of switches (config `methods.<name>`), 
                 length normaliser)
     iml         inter-expert mutual learning, weighted by rl.lambda_iml
     hsft        the hard-example buffer and its SFT updates, weighted by rl.lambda_sft
+    dynamic_sampling  (a baseline, not MEML) up to this many extra rounds replace the questions on
+                which every rollout got the same reward, as DAPO's dynamic sampling does
 
 One step, for Q questions and E experts:
     1. sample Q questions (a seeded permutation per epoch; the position is checkpointed)
@@ -13,6 +15,7 @@ One step, for Q questions and E experts:
                                                                          -> tensors (Q, E, R)
        `split`: G rollouts shared among the experts (8 -> 3/3/2); `per_expert`: G each
     3. rewards from the answer checker                                  -> rewards, correct (Q, E, R)
+       (dynamic sampling: questions without any reward spread are replaced by fresh ones)
     4. advantages inside each (question, expert) subgroup                -> (Q, E, R)
     5. IML pairs: best and worst expert per question, O+ a correct rollout of the best
     6. HSFT: experts failing a question more often than K/G offer it to the buffer; when the buffer
@@ -41,7 +44,7 @@ from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 from .io import DataError, atomic_write_json
 from .losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from .records import Record, read_records
-from .rollout import HFEngine, RolloutEngine, Sampling, prompt_ids
+from .rollout import Completion, HFEngine, RolloutEngine, Sampling, prompt_ids
 from .tracking import Tracker
 
 
@@ -53,6 +56,7 @@ class Method:
     advantage: str
     iml: bool
     hsft: bool
+    dynamic_sampling: int = 0
 
     @classmethod
     def from_config(cls, name: str, switches: dict[str, Any]) -> Method:
@@ -63,6 +67,7 @@ class Method:
             switches["advantage"],
             bool(switches["iml"]),
             bool(switches["hsft"]),
+            int(switches.get("dynamic_sampling") or 0),
         )
 
 
@@ -104,6 +109,63 @@ class QuestionOrder:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
         self._perm = self._permutation()
+
+
+@dataclass
+class Groups:
+    """The rollouts of Q questions by E experts: prompt [Q][E] and completions [Q][E][n_e] (token
+    ids), with rewards, correct and valid as (Q, E, R) tensors (R = the largest n_e; valid marks
+    the slots that hold a rollout)."""
+
+    records: list[Record]
+    prompt: list[list[list[int]]]
+    completions: list[list[list[Completion]]]
+    rewards: Tensor
+    correct: Tensor
+    valid: Tensor
+
+    def informative(self) -> Tensor:
+        """(Q,) True where some (question, expert) subgroup has rewards that differ: a gradient."""
+        high = self.rewards.masked_fill(~self.valid, float("-inf")).amax(-1)
+        low = self.rewards.masked_fill(~self.valid, float("inf")).amin(-1)
+        return ((high > low) & self.valid.any(-1)).any(-1)
+
+    def replace(self, rows: list[int], fresh: Groups) -> None:
+        """Put fresh's questions into the given rows (dynamic sampling)."""
+        for i, q in enumerate(rows):
+            self.records[q], self.prompt[q], self.completions[q] = (
+                fresh.records[i],
+                fresh.prompt[i],
+                fresh.completions[i],
+            )
+            self.rewards[q], self.correct[q], self.valid[q] = fresh.rewards[i], fresh.correct[i], fresh.valid[i]
+
+
+def sample_groups(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    batch: list[Record],
+    experts: list[int],
+    counts: list[int],
+    sampling: Sampling,
+    prompts: tuple[str, ...] | list[str],
+    reward_config: RewardConfig,
+) -> Groups:
+    """Steps 2 and 3 of the loop: every expert's rollouts for every question, in one engine call
+    (each (question, expert) prompt with its expert's rollout count), scored by the checker."""
+    Q, E, R = len(batch), len(experts), max(counts)
+    prompt = [[prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k in experts] for r in batch]  # [Q][E]
+    sampled = engine.generate([prompt[q][e] for q in range(Q) for e in range(E)], counts * Q, sampling)
+    completions = [[sampled[q * E + e] for e in range(E)] for q in range(Q)]
+    rewards = torch.zeros(Q, E, R)
+    correct = torch.zeros(Q, E, R, dtype=torch.bool)
+    valid = torch.zeros(Q, E, R, dtype=torch.bool)
+    for q, record in enumerate(batch):
+        for e in range(E):
+            for r, c in enumerate(completions[q][e]):
+                ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config)
+                correct[q, e, r], valid[q, e, r], rewards[q, e, r] = ok, True, value
+    return Groups(list(batch), prompt, completions, rewards, correct, valid)
 
 
 def completion_logprobs(
@@ -179,7 +241,7 @@ def run_rl(
     Q, G = int(s["questions_per_step"]), int(s["group_size"])
     experts = list(method.rl_experts)
     counts = rollouts_per_expert(G, len(experts), s["spread"])
-    E, R = len(experts), max(counts)
+    E = len(experts)  # tensors below are (Q, E, R) with R = max(counts) rollout slots
     sampling = Sampling(int(s["max_new_tokens"]), float(s["temperature"]), float(s["top_p"]))
     reward_config = RewardConfig(reward_mode, format_bonus)
 
@@ -227,26 +289,23 @@ def run_rl(
         t0 = time.time()
         # ------------------------------------------------------------ 1. questions
         batch: list[Record] = [records[i] for i in order.take(Q)]
-        prompt = [[prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k in experts] for r in batch]  # [Q][E]
 
-        # ------------------------------------------------------------ 2. rollouts  (Q, E, R)
-        completions: list[list[list[Any]]] = [[[] for _ in experts] for _ in batch]
-        # one call for every (question, expert) prompt, each with its expert's rollout count
-        sampled = engine.generate([prompt[q][e] for q in range(Q) for e in range(E)], counts * Q, sampling)
-        for q in range(Q):
-            for e in range(E):
-                completions[q][e] = sampled[q * E + e]
+        # ------------------------------------------------------------ 2.-3. rollouts and rewards  (Q, E, R)
+        groups = sample_groups(engine, tokenizer, batch, experts, counts, sampling, prompts, reward_config)
+        sampled_rollouts, replaced, rounds = Q * sum(counts), 0, 0
+        while rounds < method.dynamic_sampling:  # the DAPO-style baseline only
+            dead = [q for q in range(Q) if not groups.informative()[q]]
+            if not dead:
+                break
+            rounds += 1
+            fresh = [records[i] for i in order.take(len(dead))]
+            groups.replace(
+                dead, sample_groups(engine, tokenizer, fresh, experts, counts, sampling, prompts, reward_config)
+            )
+            sampled_rollouts, replaced = sampled_rollouts + len(dead) * sum(counts), replaced + len(dead)
+        batch, prompt, completions = groups.records, groups.prompt, groups.completions
+        rewards, correct, valid = groups.rewards, groups.correct, groups.valid
         rollout_seconds = time.time() - t0
-
-        # ------------------------------------------------------------ 3. rewards  (Q, E, R)
-        rewards = torch.zeros(Q, E, R)
-        correct = torch.zeros(Q, E, R, dtype=torch.bool)
-        valid = torch.zeros(Q, E, R, dtype=torch.bool)
-        for q, record in enumerate(batch):
-            for e in range(E):
-                for r, c in enumerate(completions[q][e]):
-                    ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config)
-                    correct[q, e, r], valid[q, e, r], rewards[q, e, r] = ok, True, value
 
         # ------------------------------------------------------------ 4. advantages  (Q, E, R)
         advantages = subgroup_advantages(rewards, valid, method.advantage)
@@ -344,6 +403,9 @@ def run_rl(
                     torch.stack([(correct[:, e, : counts[e]].float().mean(-1) == 0) for e in range(E)]).float().mean()
                 ),
                 "questions/none_correct": float((~question_any).float().mean()),
+                "rollouts/sampled": float(sampled_rollouts),
+                "dynamic/replaced": float(replaced),
+                "dynamic/rounds": float(rounds),
                 "iml/pairs": float(len(pairs)),
                 "hsft/inserted": float(inserted),
                 "hsft/buffer_fill": float(len(buf.items)),

@@ -7,7 +7,7 @@ rule toy_world:
         expand(f"{RESULTS}/toy/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
         expand(f"{RESULTS}/toy/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
     params:
-        cfg=cli_config("seed", "toy"),
+        cfg=cli_config("seed", "toy", "experts"),
     log:
         f"{LOGS}/toy_world.log",
     shell:

@@ -2,8 +2,10 @@
 # from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
 # the outputs marked report() below, with their captions from pipeline/report/.
 
-TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"] + (
-    ["teachers"] if WORLD == "real" else []
+TABLES = (
+    ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
+    + (["teachers"] if WORLD == "real" else [])
+    + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
 )
 COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
 
@@ -44,7 +46,7 @@ rule report:
         index=f"{REPORT}/index.md",
     params:
         cfg=cli_config(
-            "profile", "world", "models", "grid", "methods", "reward", "rl", "analysis", "report", "mlflow"
+            "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts"
         ),
     log:
         f"{LOGS}/report.log",

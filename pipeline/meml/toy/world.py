@@ -5,7 +5,8 @@ Layout under `root`:
     raw/<ds>/...                the synthetic "original" files (GSM8K jsonl, StrategyQA and MathQA json)
     data/<ds>/{train,test}.jsonl prepared records (the one normalised format)
     data/<ds>/difficulty.json    record id -> difficulty (number of reasoning steps, plus one for big numbers)
-    experts/<ds>/e{0,1,2}.jsonl  expert trajectories for the training questions
+    experts/<ds>/e{0,1,2}.jsonl  expert trajectories for the training questions (e3, e4 as well
+                                 when the world has 4 or 5 experts: toy/styles.py)
 
 Same seed, same sizes -> byte-identical files.
 """
@@ -19,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from ..experts import write_trajectories
-from ..io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from ..io import DataError, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from ..loaders import load_local
 from ..records import DATASETS, Record, write_records
 from . import gsm8k as toy_gsm8k
 from . import mathqa as toy_mathqa
 from . import strategyqa as toy_strategyqa
+from .styles import render_e3, render_e4
 
 Renderer = Callable[[Record], tuple[str, str, int]]  # record -> (E1, E2, difficulty)
 
@@ -79,7 +81,9 @@ def _write_mathqa(raw: Path, rng: random.Random, style_rng: random.Random, n_tra
 WRITERS = {"gsm8k": _write_gsm8k, "strategyqa": _write_strategyqa, "mathqa": _write_mathqa}
 
 
-def build_dataset(root: str | Path, dataset: str, seed: int, n_train: int, n_test: int) -> dict[str, Any]:
+def build_dataset(
+    root: str | Path, dataset: str, seed: int, n_train: int, n_test: int, n_experts: int = 3
+) -> dict[str, Any]:
     """Generate one toy data set and its expert trajectories; returns a small summary."""
     root = Path(root)
     rng = random.Random(f"toy-{seed}-{dataset}")
@@ -105,8 +109,18 @@ def build_dataset(root: str | Path, dataset: str, seed: int, n_train: int, n_tes
     write_trajectories(experts / "e0.jsonl", 0, [(r, r.rationale) for r in train], "dataset rationale")
     write_trajectories(experts / "e1.jsonl", 1, e1, "toy generator, long chain (R1 style)")
     write_trajectories(experts / "e2.jsonl", 2, e2, "toy generator, reflective (Doubao style)")
+    extra = {3: (render_e3, "numbered reference steps"), 4: (render_e4, "answer first, then the steps")}
+    if not 1 <= n_experts <= 5:
+        raise DataError(f"the toy world has 1 to 5 expert styles, not {n_experts}", None, None, "experts.count")
+    for k in range(3, n_experts):
+        render_k, source = extra[k]
+        write_trajectories(experts / f"e{k}.jsonl", k, [(r, render_k(r)) for r in train], f"toy generator, {source}")
+    for k in range(max(n_experts, 3), 5):
+        (experts / f"e{k}.jsonl").unlink(missing_ok=True)  # a smaller world must not keep a bigger one's files
     return {"dataset": dataset, "train": len(train), "test": len(test)}
 
 
-def build_world(root: str | Path, seed: int, sizes: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
-    return [build_dataset(root, ds, seed, *sizes[ds]) for ds in DATASETS if ds in sizes]
+def build_world(
+    root: str | Path, seed: int, sizes: dict[str, tuple[int, int]], n_experts: int = 3
+) -> list[dict[str, Any]]:
+    return [build_dataset(root, ds, seed, *sizes[ds], n_experts) for ds in DATASETS if ds in sizes]
