@@ -1,6 +1,7 @@
 # MEML-GRPO reproduction DAG. `snakemake --cores N` runs the embedded default (toy world, CPU);
 # `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage:
 #   tracking, data -> experts -> models -> sft -> rl -> eval -> analysis -> report
+import hashlib
 import json
 import re
 import shlex
@@ -37,6 +38,22 @@ CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
 ALL_EXPERTS = list(range(N_EXPERTS))
 PAPER_EXPERTS = ALL_EXPERTS[:3]  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
+
+if config["device"] == "cuda":  # say what the grid will cost before anything runs (also on -n)
+    from meml import cost  # noqa: E402
+
+    _speeds = cost.throughputs(config, Path(RESULTS) / "cost_throughput.json")
+    _rows = cost.estimate(config, _speeds)
+    _stages = ", ".join(
+        f"{stage} {sum(r['hours'] for r in _rows if r['stage'] == stage):.1f}"
+        for stage in ("sft", "rl+eval", "complementarity")
+    )
+    print(
+        f"Estimated GPU-hours of this grid: {sum(r['hours'] for r in _rows):.1f} ({_stages}); throughput: "
+        f"{next(iter(_speeds.values())).source}. Per cell: `python -m meml.cli cost --config <this config>`; "
+        "measured on this GPU: add --measure.",
+        file=sys.stderr,
+    )
 # The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
 MEML = f"{shlex.quote(sys.executable)} -m meml.cli"
 # Jobs use `threads` CPU threads each; the toy world never touches the network.
@@ -44,6 +61,20 @@ ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELIS
     " HF_HUB_OFFLINE=1" if WORLD == "toy" else ""
 )
 GPU = 1 if config["device"] == "cuda" else 0
+PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
+
+
+def launcher(job):
+    """How a training job starts: the CLI, or `accelerate launch` with PROCESSES processes (one a
+    GPU) and a rendezvous port of its own, so that jobs running side by side do not collide."""
+    if PROCESSES == 1:
+        return MEML
+    port = 29500 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 5000
+    accelerate_config = Path(workflow.basedir) / config["launch"]["accelerate_config"]
+    return (
+        f"{shlex.quote(sys.executable)} -m accelerate.commands.launch --config_file {shlex.quote(str(accelerate_config))} "
+        f"--num_processes {PROCESSES} --main_process_port {port} -m meml.cli"
+    )
 
 
 wildcard_constraints:

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from scripted import ScriptedEngine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.config import load_config
 from meml.experts import DEFAULT_PROMPTS
 from meml.records import read_records
 from meml.rl import Method, QuestionOrder, rollouts_per_expert, run_rl
-from meml.rollout import Completion, HFEngine, Sampling
+from meml.rollout import HFEngine, Sampling
 from meml.sft import run_sft
 from meml.tiny_models import build_tiny_models, toy_corpus
 
@@ -53,30 +53,6 @@ def test_question_order_is_seeded_and_resumable() -> None:
     b = QuestionOrder(5, seed=1)
     b.load_state_dict(state)
     assert a.take(6) == b.take(6)
-
-
-class ScriptedEngine:
-    """Answers every expert-1 prompt correctly and every other expert wrongly; records the prompts."""
-
-    def __init__(self, tokenizer: Any, answers: dict[str, str]) -> None:
-        self.tokenizer, self.answers, self.calls = tokenizer, answers, []
-
-    def sync_weights(self, model: Any) -> None:
-        pass
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
-    ) -> list[list[Completion]]:
-        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
-        out = []
-        for p, k in zip(prompts, counts, strict=True):
-            text = self.tokenizer.decode(list(p))
-            self.calls.append(text)
-            question_answer = next(a for q, a in self.answers.items() if q in text)
-            reply = f"#### {question_answer}" if DEFAULT_PROMPTS[1] in text else "#### 100000"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            out.append([Completion(ids, reply, True) for _ in range(k)])
-        return out
 
 
 def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
@@ -246,22 +222,9 @@ class HalfRightEngine(ScriptedEngine):
         super().__init__(tokenizer, answers)
         self.solvable = solvable
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
-    ) -> list[list[Completion]]:
-        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
-        out = []
-        for p, k in zip(prompts, counts, strict=True):
-            text = self.tokenizer.decode(list(p))
-            question = next(q for q in self.answers if q in text)
-            self.calls.append(question)
-            right = f"#### {self.answers[question]}" if question in self.solvable else "#### 100000"
-            replies = [right if i % 2 == 0 else "#### 100000" for i in range(k)]
-            eos = [self.tokenizer.eos_token_id]
-            out.append(
-                [Completion(self.tokenizer(r, add_special_tokens=False)["input_ids"] + eos, r, True) for r in replies]
-            )
-        return out
+    def replies(self, text: str, question: str, k: int) -> list[str]:
+        right = f"#### {self.answers[question]}" if question in self.solvable else "#### 100000"
+        return [right if i % 2 == 0 else "#### 100000" for i in range(k)]
 
 
 def test_dynamic_sampling_replaces_questions_without_reward_spread(

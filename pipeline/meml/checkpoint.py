@@ -18,12 +18,17 @@ from .io import atomic_write_text
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # sampling on a GPU draws from this one
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save(folder: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:

@@ -5,6 +5,7 @@ meml toy-stats    print the toy world's statistics
 meml tiny-models  train the tokenizer and save the two tiny models
 meml prepare      load a real data set (hub id or local folder) into prepared JSONL
 meml agreement    check the answer checker against real gold rationales
+meml cost         estimate the GPU-hours of the grid (`--measure` times a few RL steps here first)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from .io import DataError, atomic_write_json, atomic_write_text
+from .precision import of_config
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
@@ -160,7 +162,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
     model_dir = Path(args.model_dir) if args.model_dir else _base_model(cfg, paths, args.model)
     out = Path(args.out) if args.out else paths["root"] / "sft" / args.model / args.dataset / sft_variant(experts)
     summary = run_sft(
-        model_dir, paths["data"], paths["experts"], out, experts, cfg["sft"], _prompts(cfg), cfg["seed"], cfg["device"]
+        model_dir, paths["data"], paths["experts"], out, experts, cfg["sft"], _prompts(cfg), cfg["seed"], of_config(cfg)
     )
     print(f"SFT {sft_variant(experts)} on {args.dataset}: loss {summary['train_loss']} -> {out}")
 
@@ -201,11 +203,29 @@ def cmd_rl(args: argparse.Namespace) -> None:
             **cfg,
         },
         mlflow_settings=mlflow_settings,
+        precision=of_config(cfg),
     )
     print(
         f"RL {args.method} on {args.dataset}: reward {summary['reward_first']:.3f} -> "
         f"{summary['reward_last']:.3f} -> {out}"
     )
+
+
+def cmd_cost(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from .cost import estimate, measure, save_measured, table, throughputs
+
+    cfg = _config(args)
+    measured = Path(args.results or f"results/{cfg['profile']}") / "cost_throughput.json"
+    if args.measure:
+        with tempfile.TemporaryDirectory() as work:
+            save_measured(measured, measure(cfg, Path(work), args.steps))
+    speeds = throughputs(cfg, measured)
+    text = table(estimate(cfg, speeds), speeds)
+    print(text)
+    if args.out:
+        atomic_write_text(Path(args.out), text + "\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -233,6 +253,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         backend=args.backend or cfg["eval"]["backend"],
         batch_size=args.batch_size or cfg["eval"]["batch_size"],
         device="cpu" if cfg["device"] == "cpu" else "cuda",
+        dtype=of_config(cfg).dtype,
         limit=args.limit or cfg["eval"]["questions"],
         world="real" if args.real or cfg["world"] == "real" else "toy",
         max_new_tokens=args.max_new_tokens or cfg["eval"]["max_new_tokens"],
@@ -387,6 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", default=None, help="YAML config (default: config/default.yaml)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. seed=1")
         p.add_argument("--config-json", default=None, help="top-level config sections as one JSON mapping")
+
+    p = sub.add_parser("cost", help="estimate the GPU-hours of every cell (measured or assumed throughput)")
+    with_config(p)
+    p.add_argument("--measure", action="store_true", help="time a few RL steps here first (saved for later runs)")
+    p.add_argument("--steps", type=int, default=3, help="RL steps timed per model (the first is warm-up)")
+    p.add_argument("--results", help="results folder (default results/<profile>); the throughputs are kept there")
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("toy-world", help="build the toy data sets and expert trajectories")
     with_config(p)

@@ -67,11 +67,10 @@ def majority_vote(predictions: Sequence[str | None]) -> str | None:
     return next(p for p in predictions if p is not None and votes[p] == best)
 
 
-def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str) -> Any:
+def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str) -> Any:
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
 
-        dtype = "float32" if device == "cpu" else "bfloat16"
         return HFLM(pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size)
     if backend == "vllm":
         try:
@@ -80,7 +79,7 @@ def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str) ->
             raise DataError("backend 'vllm' needs the GPU extra: pip install '.[gpu]'") from None
         from lm_eval.models.vllm_causallms import VLLM
 
-        return VLLM(pretrained=str(checkpoint), dtype="bfloat16", batch_size="auto")
+        return VLLM(pretrained=str(checkpoint), dtype=dtype, batch_size="auto")
     raise DataError(f"unknown evaluation backend '{backend}'; known: {', '.join(BACKENDS)}")
 
 
@@ -94,6 +93,7 @@ def evaluate_model(
     backend: str = "hf",
     batch_size: int = 32,
     device: str = "cpu",
+    dtype: str | None = None,
     limit: int | None = None,
     world: str = "toy",
     max_new_tokens: int | None = None,
@@ -110,7 +110,7 @@ def evaluate_model(
     records = read_records(Path(data_root) / dataset / "test.jsonl", dataset)[: limit or None]
     check_chat_template(folder)
     by_id = {r.id: r for r in records}
-    model = _make_model(folder, backend, batch_size, device)
+    model = _make_model(folder, backend, batch_size, device, dtype or ("float32" if device == "cpu" else "bfloat16"))
     out: dict[str, Any] = {
         "checkpoint": str(folder),
         "dataset": dataset,

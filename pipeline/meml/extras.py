@@ -34,7 +34,11 @@ COST_TABLES = ("compute", "dynamic")  # these add the rollouts sampled and the w
 
 
 def methods_for(cfg: dict[str, Any], table: str) -> list[str]:
-    return [m for m in grid.used_methods(cfg) if table in grid.tables_of(cfg, m)]
+    """The methods shown in a table, in config order (the experts table by number of experts)."""
+    chosen = [m for m in grid.used_methods(cfg) if table in grid.tables_of(cfg, m)]
+    if table == "experts":
+        chosen.sort(key=lambda m: len(cfg["methods"][m]["rl_experts"]))
+    return chosen
 
 
 def _flat(prefix: str, value: Any) -> list[str]:
@@ -89,9 +93,13 @@ def extra_table(cfg: dict[str, Any], results: Any, name: str, model_label: Any, 
                 rollouts, seconds = run_cost(results, model, datasets, method)
                 cells += [f"{statistics.fmean(rollouts):.0f}", f"{statistics.fmean(seconds):.1f}"]
             table.add([model_label(cfg, model), method, describe(cfg, method)], cells)
+    rl = cfg["rl"]
     table.notes = [
         *notes,
         "per seed: the average over the data sets shown, seed by seed (grid.seeds order).",
+        f"setting: the method's switches and its own RL settings; the others are rl's (B = {rl['buffer']['capacity']}, "
+        f"K/G = {rl['buffer']['threshold']}, lambda1 = {rl['lambda_iml']}, lambda2 = {rl['lambda_sft']}, "
+        f"G = {rl['group_size']} {rl['spread']}).",
         *(
             [
                 "rollouts: completions sampled over the whole RL run (dynamic sampling counts the discarded ones); "
@@ -178,6 +186,7 @@ def summary(cfg: dict[str, Any], results: Any, root: Path) -> list[str]:
             f"MoE-SFT-GRPO are all wrong, mean over steps. **{'reproduces' if share > 50 else 'refutes'}** "
             "(more than half all wrong)."
         )
+    lines += _mechanism_lines(cfg, results)
     if not cfg["extras"]["methods"]:
         lines += ["", "The open questions need the extras (`config/toy-seeds.yaml`); this run has none."]
         return lines
@@ -217,6 +226,37 @@ def summary(cfg: dict[str, Any], results: Any, root: Path) -> list[str]:
             f"against a seed sd of {'–' if sd is None else f'{sd:.1f}'}. **{word}** (more than twice the seed sd)."
         )
     return lines
+
+
+def _mechanism_lines(cfg: dict[str, Any], results: Any) -> list[str]:
+    """What the sparsity dashboard shows: how often IML and HSFT fired, and how much dynamic
+    sampling had to replace, per run (means over the runs of the methods that have them)."""
+
+    def per_run(switch: str, value: Any) -> list[float]:
+        runs = [
+            results.steps(c.model, c.dataset, c.method, c.seed)
+            for c in grid.cells(cfg)
+            if cfg["methods"][c.method].get(switch)
+        ]
+        return [value(rows) for rows in runs if rows]
+
+    iml = per_run("iml", lambda rows: sum(r["iml/pairs"] for r in rows))
+    hsft = per_run("hsft", lambda rows: rows[-1]["hsft/flushes"])
+    parts = []
+    if iml:
+        parts.append(f"IML formed {statistics.fmean(iml):.1f} pairs per run (range {min(iml):.0f}-{max(iml):.0f})")
+    if hsft:
+        parts.append(f"HSFT flushed its buffer {statistics.fmean(hsft):.1f} times per run")
+    replaced = per_run("dynamic_sampling", lambda rows: statistics.fmean(r.get("dynamic/replaced", 0.0) for r in rows))
+    if replaced:
+        q = cfg["rl"]["questions_per_step"]
+        parts.append(
+            f"dynamic sampling drew {statistics.fmean(replaced):.1f} replacement questions a step for its {q} "
+            "(over up to its number of rounds)"
+        )
+    if not parts:
+        return []
+    return [f"- The mechanisms (sparsity table and figures): {'; '.join(parts)}."]
 
 
 def _all_wrong(results: Any, model: str, ds: str, method: str) -> list[float]:

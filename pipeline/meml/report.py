@@ -254,35 +254,34 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
     table = Table(
         "sparsity", "Reward sparsity during RL, and how often IML and HSFT fired", ["model", "method"], groups
     )
-    for model in grid.models(cfg):
-        for method in grid.methods(cfg):
-            cells: list[str] = []
-            for ds in cfg["grid"]["datasets"]:
-                per_seed = [results.steps(model, ds, method, s) for s in cfg["grid"]["seeds"]]
-                cells += [
-                    fmt(
-                        [
-                            100 * statistics.fmean(subgroup_share("all_wrong")(r) for r in rows)
-                            for rows in per_seed
-                            if rows
-                        ]
-                    ),
-                    fmt(
-                        [
-                            100 * statistics.fmean(subgroup_share("all_correct")(r) for r in rows)
-                            for rows in per_seed
-                            if rows
-                        ]
-                    ),
-                    fmt([sum(r["iml/pairs"] for r in rows) for rows in per_seed if rows]),
-                    fmt([rows[-1]["hsft/flushes"] for rows in per_seed if rows]),
-                ]
-            table.add([_model_label(cfg, model), method], cells)
+    extra = [m for m in cfg["extras"]["methods"] if m not in grid.methods(cfg)]
+    rows_of = [(model, method) for model in grid.models(cfg) for method in grid.methods(cfg)]
+    rows_of += [(model, method) for model in grid.extra_models(cfg) for method in extra]  # on extras.datasets
+    for model, method in rows_of:
+        cells: list[str] = []
+        for ds in cfg["grid"]["datasets"]:
+            per_seed = [results.steps(model, ds, method, s) for s in cfg["grid"]["seeds"]]
+            cells += [
+                fmt(
+                    [100 * statistics.fmean(subgroup_share("all_wrong")(r) for r in rows) for rows in per_seed if rows]
+                ),
+                fmt(
+                    [
+                        100 * statistics.fmean(subgroup_share("all_correct")(r) for r in rows)
+                        for rows in per_seed
+                        if rows
+                    ]
+                ),
+                fmt([sum(r["iml/pairs"] for r in rows) for rows in per_seed if rows]),
+                fmt([rows[-1]["hsft/flushes"] for rows in per_seed if rows]),
+            ]
+        table.add([_model_label(cfg, model), method], cells)
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         "all wrong / all right: % of (question, expert) subgroups whose rollouts all fail / all succeed, mean over "
         "steps and the method's experts (GRPO gets no gradient from either); IML pairs: total over training; "
-        "HSFT flushes: SFT updates from the hard-example buffer. The paper reports none of these.",
+        "HSFT flushes: SFT updates from the hard-example buffer. The paper reports none of these. The extra "
+        "methods (if any) ran on extras.datasets only.",
     ]
     return table
 

@@ -23,12 +23,18 @@ One step, for Q questions and E experts:
     7. `updates_per_batch` optimiser steps on
            L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only)
     8. metrics; a checkpoint every `checkpoint_every` steps
+
+Under `accelerate launch` (distributed.py) each process runs this loop on its block of whole
+questions (Q / processes), so steps 4-6 see complete groups; offers to the buffer are gathered,
+gradients averaged, metrics gathered, and the main process alone writes. After each update the
+rollout engine's weights are synced and checked (rollout.check_synced). Precision: precision.py.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +46,14 @@ from torch import Tensor
 from . import checkpoint
 from .answers import RewardConfig, score
 from .buffer import HardExample, HardExampleBuffer
+from .distributed import Dist
+from .engines import make_engine
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 from .io import DataError, atomic_write_json
 from .losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from .precision import Precision, resolve
 from .records import Record, read_records
-from .rollout import Completion, HFEngine, RolloutEngine, Sampling, prompt_ids
+from .rollout import Completion, RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from .tracking import Tracker
 
 
@@ -216,6 +225,7 @@ def run_rl(
     mlflow_params: dict[str, Any] | None = None,
     mlflow_settings: dict[str, Any] | None = None,
     engine: RolloutEngine | None = None,
+    precision: Precision | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -223,20 +233,26 @@ def run_rl(
 
     Resumes from the last complete checkpoint in out_dir/checkpoints, but only when `params` (the
     values that define the run, kept in cell.json) are unchanged: otherwise the old checkpoints and
-    metrics belong to another experiment and are removed. `stop_after` simulates a kill (tests)."""
+    metrics belong to another experiment and are removed. Under `accelerate launch` each process
+    trains a replica on its share of the questions (distributed.py); one process runs alone
+    otherwise. `stop_after` simulates a kill (tests)."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    precision = precision or resolve("cpu")
+    dist = Dist.from_env(precision.device)
     out = Path(out_dir)
     if _same_params(out, params) and (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
-    if not _same_params(out, params):
-        for stale in ("checkpoints", "model"):
-            shutil.rmtree(out / stale, ignore_errors=True)
-        for stale in ("metrics.jsonl", "DONE", "mlflow_run_id"):
-            (out / stale).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "cell.json", params or {})
+    if dist.is_main:
+        if not _same_params(out, params):
+            for stale in ("checkpoints", "model"):
+                shutil.rmtree(out / stale, ignore_errors=True)
+            for stale in ("metrics.jsonl", "DONE", "mlflow_run_id"):
+                (out / stale).unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "cell.json", params or {})
+    dist.barrier()
     s = settings
     Q, G = int(s["questions_per_step"]), int(s["group_size"])
     experts = list(method.rl_experts)
@@ -248,23 +264,28 @@ def run_rl(
     # ---------------------------------------------------------------- setup
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # fp32 master weights in every precision; bf16 runs compute under autocast (precision.py)
+    device = torch.device(dist.device)
+    policy: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy.to(device)
+    if precision.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
     policy.train()
-    reference = None
+    reference: Any = None
     if float(s["beta"]) > 0:
-        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        reference.requires_grad_(False)
+        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.torch_dtype())
+        reference.to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["lr"]), weight_decay=0.0)
     warmup = max(1, int(s.get("warmup_steps", 0)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
-    engine = engine or HFEngine(policy, tokenizer, batch_size=int(s["rollout_batch_size"]))
+    engine = engine or make_engine(s.get("engine", "hf"), policy, model_dir, tokenizer, s, precision, seed, dist.rank)
     records = read_records(Path(data_dir) / "train.jsonl")
     by_id = {r.id: r for r in records}
     solutions = _hsft_solutions(s["buffer"]["solution"], records, experts_dir)
     buf = HardExampleBuffer(
         int(s["buffer"]["capacity"]), float(s["buffer"]["threshold"]), float(s["buffer"]["insert_prob"]), seed
     )
-    order = QuestionOrder(len(records), seed)
+    order = QuestionOrder(len(records), seed)  # the same order in every process
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
     start = 0
@@ -276,100 +297,121 @@ def run_rl(
         scheduler.load_state_dict(state["scheduler"])
         order.load_state_dict(state["order"])
         buf.load_state_dict(state["buffer"])
-        checkpoint.set_rng_state(state["rng"])
+        rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+        if len(rngs) != dist.world:
+            raise DataError(f"checkpoint of {len(rngs)} process(es) cannot resume in {dist.world}", last)
+        checkpoint.set_rng_state(rngs[dist.rank])
         start = int(state["step"])
-        engine.sync_weights(policy)
-    tracker = Tracker(
-        out, cell_key or method.name, mlflow_params or params or {}, mlflow_settings, resume_from_step=start
+    elif dist.rank > 0:
+        torch.manual_seed(seed + 7919 * dist.rank)  # each process samples its own rollouts
+    engine.sync_weights(policy)
+    check_synced(engine, policy)
+    tracker = (
+        Tracker(out, cell_key or method.name, mlflow_params or params or {}, mlflow_settings, resume_from_step=start)
+        if dist.is_main
+        else None
     )
 
     steps = int(s["steps"])
-    bar = tqdm(range(start, steps), desc=f"RL {method.name}", initial=start, total=steps, disable=not progress)
+    shown = progress and dist.is_main
+    bar = tqdm(range(start, steps), desc=f"RL {method.name}", initial=start, total=steps, disable=not shown)
     for step in bar:
         t0 = time.time()
-        # ------------------------------------------------------------ 1. questions
-        batch: list[Record] = [records[i] for i in order.take(Q)]
+        # ------------------------------------------------------------ 1. questions (this process's block)
+        batch: list[Record] = dist.block([records[i] for i in order.take(Q)])
+        Qp = len(batch)  # Q / processes
 
-        # ------------------------------------------------------------ 2.-3. rollouts and rewards  (Q, E, R)
+        # ------------------------------------------------------------ 2.-3. rollouts and rewards  (Qp, E, R)
         groups = sample_groups(engine, tokenizer, batch, experts, counts, sampling, prompts, reward_config)
         sampled_rollouts, replaced, rounds = Q * sum(counts), 0, 0
         while rounds < method.dynamic_sampling:  # the DAPO-style baseline only
-            dead = [q for q in range(Q) if not groups.informative()[q]]
-            if not dead:
+            dead = [q for q in range(Qp) if not groups.informative()[q]]
+            dead_counts = dist.gather(len(dead))  # fresh questions come from the shared order
+            if sum(dead_counts) == 0:
                 break
             rounds += 1
-            fresh = [records[i] for i in order.take(len(dead))]
-            groups.replace(
-                dead, sample_groups(engine, tokenizer, fresh, experts, counts, sampling, prompts, reward_config)
-            )
-            sampled_rollouts, replaced = sampled_rollouts + len(dead) * sum(counts), replaced + len(dead)
+            fresh_all = [records[i] for i in order.take(sum(dead_counts))]
+            mine = sum(dead_counts[: dist.rank])
+            if dead:
+                fresh = fresh_all[mine : mine + len(dead)]
+                groups.replace(
+                    dead, sample_groups(engine, tokenizer, fresh, experts, counts, sampling, prompts, reward_config)
+                )
+            sampled_rollouts += sum(dead_counts) * sum(counts)
+            replaced += sum(dead_counts)
         batch, prompt, completions = groups.records, groups.prompt, groups.completions
         rewards, correct, valid = groups.rewards, groups.correct, groups.valid
         rollout_seconds = time.time() - t0
 
-        # ------------------------------------------------------------ 4. advantages  (Q, E, R)
+        # ------------------------------------------------------------ 4. advantages  (Qp, E, R)
         advantages = subgroup_advantages(rewards, valid, method.advantage)
 
         # flatten the valid rollouts into N sequences
-        cells = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
+        cells = [(q, e, r) for q in range(Qp) for e in range(E) for r in range(counts[e])]
         seq_prompts = [prompt[q][e] for q, e, _ in cells]
         seq_completions = [completions[q][e][r].token_ids or [eos] for q, e, r in cells]
         seq_adv = torch.tensor([float(advantages[q, e, r]) for q, e, r in cells])
 
-        # ------------------------------------------------------------ 5. IML pairs
+        # ------------------------------------------------------------ 5. IML pairs (whole groups: one process each)
         pairs = iml_pairs(rewards, correct, valid) if method.iml else []
         iml_strong = [prompt[p.question][p.best] for p in pairs]
         iml_weak = [prompt[p.question][p.worst] for p in pairs]
         iml_tokens = [completions[p.question][p.best][p.rollout].token_ids for p in pairs]
 
-        # ------------------------------------------------------------ 6. HSFT buffer
-        inserted, sft_batch = 0, []
+        # ------------------------------------------------------------ 6. HSFT buffer (identical in every process)
+        inserted, drained, sft_batch = 0, [], []
         if method.hsft:
-            for q, record in enumerate(batch):
-                for e, k in enumerate(experts):
-                    failure_rate = 1.0 - float(correct[q, e, : counts[e]].float().mean())
-                    inserted += buf.offer(HardExample(record.id, k), failure_rate)
+            offers = [
+                (record.id, k, 1.0 - float(correct[q, e, : counts[e]].float().mean()))
+                for q, record in enumerate(batch)
+                for e, k in enumerate(experts)
+            ]
+            for question_id, k, failure_rate in [o for part in dist.gather(offers) for o in part]:
+                inserted += buf.offer(HardExample(question_id, k), failure_rate)
             if buf.full:
-                sft_batch = buf.drain()
+                drained = buf.drain()
+                sft_batch = drained[dist.rank :: dist.world]
         sft_prompts = [prompt_ids(tokenizer, chat_messages(by_id[h.question_id], h.expert, prompts)) for h in sft_batch]
         sft_targets = [tokenizer(solutions(h), add_special_tokens=False)["input_ids"] + [eos] for h in sft_batch]
 
         # ------------------------------------------------------------ 7. updates
         old_logp = None
         ref_logp = None
-        with torch.no_grad():
+        with torch.no_grad(), precision.autocast():
             if int(s["updates_per_batch"]) > 1:
                 old_logp, _, _ = completion_logprobs(policy, seq_prompts, seq_completions, pad)
             if reference is not None:
                 ref_logp, _, _ = completion_logprobs(reference, seq_prompts, seq_completions, pad)
         stats: dict[str, float] = {}
         for update in range(int(s["updates_per_batch"])):
-            logp, mask, entropy = completion_logprobs(policy, seq_prompts, seq_completions, pad, with_entropy=True)
-            pl = policy_loss(
-                logp,
-                logp.detach() if old_logp is None else old_logp,
-                seq_adv,
-                mask,
-                method.advantage,
-                float(s["clip_eps"]),
-                int(s["max_new_tokens"]),
-                ref_logp,
-                float(s["beta"]),
-            )
-            loss = pl.loss
-            l_iml = torch.zeros(())
-            if pairs:
-                strong, iml_mask, _ = completion_logprobs(policy, iml_strong, iml_tokens, pad)
-                weak, _, _ = completion_logprobs(policy, iml_weak, iml_tokens, pad)
-                l_iml = iml_loss(strong, weak, iml_mask)
-                loss = loss + float(s["lambda_iml"]) * l_iml
-            l_sft = torch.zeros(())
-            if sft_batch and update == 0:
-                sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
-                l_sft = sft_loss(sft_logp, sft_mask)
-                loss = loss + float(s["lambda_sft"]) * l_sft
+            with precision.autocast():
+                logp, mask, entropy = completion_logprobs(policy, seq_prompts, seq_completions, pad, with_entropy=True)
+                pl = policy_loss(
+                    logp,
+                    logp.detach() if old_logp is None else old_logp,
+                    seq_adv.to(logp.device),
+                    mask,
+                    method.advantage,
+                    float(s["clip_eps"]),
+                    int(s["max_new_tokens"]),
+                    ref_logp,
+                    float(s["beta"]),
+                )
+                loss = pl.loss
+                l_iml = torch.zeros((), device=loss.device)
+                if pairs:
+                    strong, iml_mask, _ = completion_logprobs(policy, iml_strong, iml_tokens, pad)
+                    weak, _, _ = completion_logprobs(policy, iml_weak, iml_tokens, pad)
+                    l_iml = iml_loss(strong, weak, iml_mask)
+                    loss = loss + float(s["lambda_iml"]) * l_iml
+                l_sft = torch.zeros((), device=loss.device)
+                if sft_batch and update == 0:
+                    sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
+                    l_sft = sft_loss(sft_logp, sft_mask)
+                    loss = loss + float(s["lambda_sft"]) * l_sft
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            dist.average_gradients(policy)  # the replicas take the same step
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(s["max_grad_norm"]))
             optimizer.step()
             scheduler.step()
@@ -386,10 +428,17 @@ def run_rl(
                     "grad_norm": float(grad_norm),
                 }
         engine.sync_weights(policy)
+        check_synced(engine, policy)  # a stale engine would sample from old weights without a sound
 
-        # ------------------------------------------------------------ 8. metrics
+        # ------------------------------------------------------------ 8. metrics (over every process's questions)
         seconds = time.time() - t0
-        tokens = sum(len(completions[q][e][r].token_ids) for q, e, r in cells)
+        rewards, correct, valid = (torch.cat(dist.gather(t)) for t in (rewards, correct, valid))  # (Q, E, R)
+        group_sizes = [n for part in dist.gather([sum(map(len, completions[q])) for q in range(Qp)]) for n in part]
+        tokens = sum(dist.gather(sum(len(completions[q][e][r].token_ids) for q, e, r in cells)))
+        finished = sum(dist.gather(sum(completions[q][e][r].finished for q, e, r in cells)))
+        n_pairs = sum(dist.gather(len(pairs)))
+        per_process = dist.gather(stats)  # losses of each process's share, averaged
+        stats = {k: statistics.fmean(p[k] for p in per_process) for k in stats}
         metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
         for e, k in enumerate(experts):
             sub = correct[:, e, : counts[e]].float().mean(-1)  # (Q,) success rate of each subgroup
@@ -404,15 +453,19 @@ def run_rl(
                 ),
                 "questions/none_correct": float((~question_any).float().mean()),
                 "rollouts/sampled": float(sampled_rollouts),
+                # the rollouts IML and the buffer saw per question: G for every question (one process each)
+                "groups/rollouts_min": float(min(group_sizes)),
+                "groups/rollouts_max": float(max(group_sizes)),
                 "dynamic/replaced": float(replaced),
                 "dynamic/rounds": float(rounds),
-                "iml/pairs": float(len(pairs)),
+                "iml/pairs": float(n_pairs),
                 "hsft/inserted": float(inserted),
                 "hsft/buffer_fill": float(len(buf.items)),
                 "hsft/flushes": float(buf.flushes),
-                "hsft/sft_examples": float(len(sft_batch)),
-                "completion/length_mean": tokens / len(cells),
-                "completion/finished_fraction": sum(completions[q][e][r].finished for q, e, r in cells) / len(cells),
+                "hsft/sft_examples": float(len(drained)),
+                "completion/length_mean": tokens / (len(cells) * dist.world),
+                "prompt/length_mean": statistics.fmean(len(p) for p in seq_prompts),
+                "completion/finished_fraction": finished / (len(cells) * dist.world),
                 "perf/step_seconds": seconds,
                 "perf/rollout_seconds": rollout_seconds,
                 "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),
@@ -420,47 +473,64 @@ def run_rl(
                 **stats,
             }
         )
-        tracker.log(step, metrics)
+        if dist.world > 1:  # the replicas and their buffers must stay identical after every step
+            prints = dist.gather(weights_fingerprint(policy.named_parameters(), "float64", every=True))
+            # what each buffer holds, and what it gave to SFT this step (a full buffer empties itself)
+            buffers = dist.gather([[(h.question_id, h.expert) for h in part] for part in (buf.items, drained)])
+            metrics["dist/processes"] = float(dist.world)
+            metrics["dist/replicas_identical"] = float(all(p == prints[0] for p in prints))
+            metrics["dist/buffers_identical"] = float(all(b == buffers[0] for b in buffers))
+        if tracker is not None:
+            tracker.log(step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
 
-        # ------------------------------------------------------------ checkpoint
+        # ------------------------------------------------------------ checkpoint (the main process writes)
         done_steps = step + 1
         if done_steps % int(s["checkpoint_every"]) == 0 or done_steps == steps:
-            checkpoint.save(
-                out / "checkpoints",
-                done_steps,
-                {
-                    "step": done_steps,
-                    "model": policy.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "order": order.state_dict(),
-                    "buffer": buf.state_dict(),
-                    "rng": checkpoint.rng_state(),
-                },
-            )
+            rngs = dist.gather(checkpoint.rng_state())
+            if dist.is_main:
+                checkpoint.save(
+                    out / "checkpoints",
+                    done_steps,
+                    {
+                        "step": done_steps,
+                        "model": policy.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "order": order.state_dict(),
+                        "buffer": buf.state_dict(),
+                        "rng": rngs,  # one state per process
+                    },
+                )
+            dist.barrier()
         if stop_after is not None and done_steps >= stop_after and done_steps < steps:
-            tracker.close("KILLED")
+            if tracker is not None:
+                tracker.close("KILLED")
             raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
 
     # ---------------------------------------------------------------- final model and summary
-    from .tiny_models import save_atomically
+    if dist.is_main:
+        from .tiny_models import save_atomically
 
-    save_atomically(out / "model", tokenizer, policy)
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    summary = {
-        "method": method.name,
-        "steps": steps,
-        "final": lines[-1] if lines else {},
-        "reward_first": lines[0]["reward/mean"] if lines else None,
-        "reward_last": lines[-1]["reward/mean"] if lines else None,
-        "mlflow_run_id": tracker.run_id,
-    }
-    tracker.log_artifact(out / "metrics.jsonl")
-    tracker.log_artifact(out / "cell.json")  # the values that define the cell
-    tracker.close()
-    atomic_write_json(out / "DONE", summary)
-    return summary
+        assert tracker is not None
+        save_atomically(out / "model", tokenizer, policy)
+        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+        summary = {
+            "method": method.name,
+            "steps": steps,
+            "processes": dist.world,
+            "precision": precision.dtype,
+            "final": lines[-1] if lines else {},
+            "reward_first": lines[0]["reward/mean"] if lines else None,
+            "reward_last": lines[-1]["reward/mean"] if lines else None,
+            "mlflow_run_id": tracker.run_id,
+        }
+        tracker.log_artifact(out / "metrics.jsonl")
+        tracker.log_artifact(out / "cell.json")  # the values that define the cell
+        tracker.close()
+        atomic_write_json(out / "DONE", summary)
+    dist.barrier()
+    return dict(json.loads((out / "DONE").read_text()))
 
 
 def _same_params(out: Path, params: dict[str, Any] | None) -> bool:

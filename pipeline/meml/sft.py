@@ -3,12 +3,14 @@
 L_MEF = - sum_k sum_{(Q, O) in E_k} log p(O | Q, P_k): every example carries its expert's system
 prompt through the chat template, and the loss covers the assistant tokens only (the template
 marks them). Train on any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
-for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16.
+for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16 (precision.py).
+Under `accelerate launch` the Trainer runs data-parallel; the main process writes the model.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -17,6 +19,7 @@ from typing import Any
 
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 from .io import DataError, atomic_write_json
+from .precision import Precision, resolve
 from .records import read_records
 
 
@@ -39,11 +42,15 @@ def sft_examples(
     return examples
 
 
-def device_settings(device: str) -> dict[str, Any]:
-    """trl/transformers settings per device: fp32 on CPU (bf16 off, no checkpointing), bf16 on GPU."""
-    if device == "cpu":
-        return {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False}
-    return {"use_cpu": False, "bf16": True, "gradient_checkpointing": True}
+def device_settings(precision: Precision) -> dict[str, Any]:
+    """trl/transformers settings of a precision: fp32 on CPU (bf16 off, no checkpointing); bf16
+    mixed precision (fp32 master weights) with gradient checkpointing on GPU by default."""
+    return {
+        "use_cpu": precision.device == "cpu",
+        "bf16": precision.bf16,
+        "fp16": False,
+        "gradient_checkpointing": precision.gradient_checkpointing,
+    }
 
 
 def run_sft(
@@ -55,7 +62,7 @@ def run_sft(
     settings: dict[str, Any],
     prompts: Sequence[str] = DEFAULT_PROMPTS,
     seed: int = 0,
-    device: str = "cpu",
+    precision: Precision | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `model_dir` on the experts' trajectories; the model is saved to `out_dir/model`.
 
@@ -71,13 +78,16 @@ def run_sft(
     if (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
     work = out / "work"
-    shutil.rmtree(work, ignore_errors=True)
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate launch: one writer
+    if main_process:
+        shutil.rmtree(work, ignore_errors=True)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
         raise DataError("model has no chat template; SFT needs one that marks assistant turns", model_dir)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    precision = precision or resolve("cpu")
+    # fp32 master weights; bf16 runs train under the Trainer's autocast (precision.py)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = sft_examples(data_dir, experts_dir, experts, prompts)
     config = SFTConfig(
         output_dir=str(work),
@@ -99,7 +109,7 @@ def run_sft(
         seed=seed,
         data_seed=seed,
         dataloader_num_workers=0,
-        **device_settings(device),
+        **device_settings(precision),
     )
     trainer = SFTTrainer(
         model=model, args=config, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
@@ -116,7 +126,9 @@ def run_sft(
     }
     from .tiny_models import save_atomically
 
-    save_atomically(out / "model", tokenizer, trainer.model)
-    shutil.rmtree(work, ignore_errors=True)
-    atomic_write_json(out / "DONE", summary)
-    return summary
+    if trainer.is_world_process_zero():
+        save_atomically(out / "model", tokenizer, trainer.accelerator.unwrap_model(trainer.model))
+        shutil.rmtree(work, ignore_errors=True)
+        atomic_write_json(out / "DONE", {**summary, "processes": trainer.accelerator.num_processes})
+    trainer.accelerator.wait_for_everyone()
+    return dict(json.loads((out / "DONE").read_text()))

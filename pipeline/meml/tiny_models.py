@@ -95,19 +95,26 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
 
 
 def build_model(kind: str, tokenizer: Any, seed: int) -> Any:
+    if kind not in ARCHITECTURES:
+        raise DataError(f"unknown tiny model '{kind}'; known: {', '.join(ARCHITECTURES)}")
+    return model_from_architecture(ARCHITECTURES[kind], tokenizer, seed)
+
+
+def model_from_architecture(arch: dict[str, Any], tokenizer: Any, seed: int) -> Any:
+    """A randomly initialised fp32 model of `arch` (model_type plus config fields) for `tokenizer`;
+    a `vocab_size` in `arch` is kept when larger than the tokenizer's (a real model's embedding)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if kind not in ARCHITECTURES:
-        raise DataError(f"unknown tiny model '{kind}'; known: {', '.join(ARCHITECTURES)}")
-    arch = dict(ARCHITECTURES[kind])
+    spec = dict(arch)
+    vocab = max(int(spec.pop("vocab_size", 0)), len(tokenizer))
     config = AutoConfig.for_model(
-        arch.pop("model_type"),
-        vocab_size=len(tokenizer),
+        spec.pop("model_type"),
+        vocab_size=vocab,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        **arch,
+        **spec,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

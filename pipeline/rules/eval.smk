@@ -14,7 +14,7 @@ rule evaluate:
     output:
         f"{RESULTS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.json",
     params:
-        cfg=cli_config("profile", "world", "device", "eval", "experts", "mlflow"),
+        cfg=cli_config("profile", "world", "device", "precision", "eval", "experts", "mlflow"),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=lambda w: rl_run_dir(w),
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too

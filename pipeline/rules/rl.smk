@@ -1,5 +1,6 @@
 # Stage: RIEL, one RL run per cell (model x data set x method x seed), each logged to its own
-# MLflow run (the store is created by tracking.smk's rule before any RL job).
+# MLflow run (the store is created by tracking.smk's rule before any RL job). With
+# launch.processes > 1 each job runs data-parallel on that many GPUs (accelerate launch).
 
 
 def sft_done(wildcards):
@@ -15,13 +16,15 @@ rule rl:
         f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
     params:
         cfg=lambda w: cli_config(
-            "profile", "world", "seed", "device", "models", "sft", "rl", "reward", "experts", "mlflow", only={"methods": [w.method]}
+            "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",
+            "reward", "experts", "mlflow", only={"methods": [w.method]},
         ),
+        launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
     threads: config["threads"]
     resources:
-        gpu=GPU,
+        gpu=GPU * PROCESSES,
     log:
         f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        f"{ENV} {{MEML}} rl --model {{wildcards.model}} --dataset {{wildcards.ds}} --method {{wildcards.method:q}} "
+        f"{ENV} {{params.launch}} rl --model {{wildcards.model}} --dataset {{wildcards.ds}} --method {{wildcards.method:q}} "
         "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"

@@ -1,5 +1,6 @@
 # Stage: MEF, multi-expert SFT. One run per model, data set and SFT variant (the experts whose
 # trajectories it learns, e.g. e0-e1-e2); methods with the same SFT data share the run.
+# With launch.processes > 1 each job runs data-parallel on that many GPUs (accelerate launch).
 
 
 rule sft:
@@ -10,13 +11,16 @@ rule sft:
     output:
         f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/DONE",
     params:
-        cfg=cli_config("profile", "world", "seed", "device", "models", "sft", "experts"),
+        cfg=cli_config(
+            "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "experts"
+        ),
         experts=lambda w: ",".join(k.lstrip("e") for k in w.variant.split("-")),
+        launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
     threads: config["threads"]
     resources:
-        gpu=GPU,
+        gpu=GPU * PROCESSES,
     log:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        f"{ENV} {{MEML}} sft --model {{wildcards.model}} --dataset {{wildcards.ds}} --experts {{params.experts}} "
+        f"{ENV} {{params.launch}} sft --model {{wildcards.model}} --dataset {{wildcards.ds}} --experts {{params.experts}} "
         "--config-json {params.cfg} > {log} 2>&1"

@@ -1,0 +1,188 @@
+"""The GPU check: one command, under 10 minutes on one GPU; seconds on a CPU.
+
+    python scripts/gpu_check.py                 # GPU: Qwen2.5-Math-1.5B's architecture, random weights, bf16
+    python scripts/gpu_check.py --cpu           # CPU: the tiny qwen2 model, fp32, short lengths
+
+(a) rollout tokens per second of the HF engine, and the time and peak memory of one MEML-GRPO
+    step and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths;
+(b) where vLLM is importable (GPU only): on the same weights, greedy completions of the vLLM and
+    HF engines agree on at least 95% of a fixed prompt set; after an optimiser step and a weight
+    sync, vLLM's log-probabilities follow the new weights; vLLM's tokens per second.
+Prints a table and writes it as JSON (--out). Parts that cannot run say why they were skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
+
+from meml.config import load_config
+from meml.experts import chat_messages
+from meml.io import atomic_write_json
+from meml.precision import of_config
+from meml.probe import PAPER_ARCHITECTURES, build_probe, timed_steps
+from meml.records import read_records
+from meml.rollout import HFEngine, Sampling, check_synced, prompt_ids
+from meml.tiny_models import ARCHITECTURES
+
+PAPER = Path(__file__).resolve().parents[1] / "config" / "paper.yaml"
+
+
+def settings_for(cpu: bool, questions: int) -> dict[str, Any]:
+    """The paper config's RL lengths on a GPU; the same shape, short, on a CPU."""
+    cfg = load_config(PAPER)
+    cfg["rl"].update(group_size=8, questions_per_step=questions, beta=0.0)
+    if cpu:
+        cfg.update(device="cpu", precision="fp32", gradient_checkpointing="auto")
+        cfg["rl"].update(max_new_tokens=32, rollout_batch_size=64)
+    cfg["mlflow"]["enabled"] = False
+    return cfg
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def hf_throughput(model_dir: Path, world: Path, cfg: dict[str, Any], n_prompts: int) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    precision = of_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(precision.device)
+    engine = HFEngine(model, tokenizer, int(cfg["rl"]["rollout_batch_size"]), precision)
+    records = read_records(world / "data/gsm8k/train.jsonl")[:n_prompts]
+    prompts = [prompt_ids(tokenizer, chat_messages(r, 1)) for r in records]
+    sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), 1.0, 1.0)
+    engine.generate(prompts[:1], 1, Sampling(8))  # warm-up
+    started = time.time()
+    out = engine.generate(prompts, 8, sampling)
+    seconds = time.time() - started
+    tokens = sum(len(c.token_ids) for group in out for c in group)
+    return {"rollouts": 8 * len(prompts), "tokens": tokens, "seconds": round(seconds, 2),
+            "tokens_per_second": round(tokens / seconds, 1)}  # fmt: skip
+
+
+def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """(b): agreement, weight sync, throughput. Needs vLLM and a GPU."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return {"skipped": "vllm is not importable here (GPU extra: pip install -e .[gpu])"}
+    if cfg["device"] != "cuda":
+        return {"skipped": "vLLM runs on cuda only"}
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from meml.rl import completion_logprobs
+    from meml.rollout_vllm import VLLMEngine
+
+    precision = of_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda")
+    hf = HFEngine(policy, tokenizer, 64, precision)
+    engine = VLLMEngine(model_dir, tokenizer, precision, {"vllm": {"gpu_memory_utilization": 0.35}}, seed=0)
+    records = read_records(world / "data/gsm8k/train.jsonl")[:64]
+    prompts = [prompt_ids(tokenizer, chat_messages(r, 1)) for r in records]
+    greedy = Sampling(32, greedy=True)
+    a = [g[0].token_ids for g in hf.generate(prompts, 1, greedy)]
+    b = [g[0].token_ids for g in engine.generate(prompts, 1, greedy)]
+    agree = sum(x == y for x, y in zip(a, b, strict=True)) / len(prompts)
+
+    probe = prompts[0] + a[0]
+    before = engine.prompt_logprobs(probe)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    with precision.autocast():
+        logp, mask, _ = completion_logprobs(policy, [prompts[0]], [a[0]], tokenizer.pad_token_id)
+    (-(logp * mask).sum()).backward()
+    optimizer.step()
+    engine.sync_weights(policy)
+    check_synced(engine, policy)
+    after = engine.prompt_logprobs(probe)
+    with torch.no_grad(), precision.autocast():
+        new_logp, _, _ = completion_logprobs(policy, [[probe[0]]], [probe[1:]], tokenizer.pad_token_id)
+    target = new_logp[0].float().tolist()
+    gap_after = sum(abs(x - y) for x, y in zip(after, target, strict=True)) / len(target)
+    gap_before = sum(abs(x - y) for x, y in zip(before, target, strict=True)) / len(target)
+
+    sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), 1.0, 1.0)
+    started = time.time()
+    out = engine.generate(prompts[: int(cfg["rl"]["questions_per_step"])], 8, sampling)
+    seconds = time.time() - started
+    tokens = sum(len(c.token_ids) for g in out for c in g)
+    return {
+        "greedy_agreement": round(agree, 3),
+        "agreement_ok": agree >= 0.95,
+        "logprob_gap_after_sync": round(gap_after, 4),
+        "logprob_gap_stale": round(gap_before, 4),
+        "follows_new_weights": gap_after < gap_before,
+        "tokens_per_second": round(tokens / seconds, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu", action="store_true", help="the tiny model on the CPU (what the test suite runs)")
+    parser.add_argument("--questions", type=int, default=None, help="questions a step (GPU default 16, CPU 2)")
+    parser.add_argument("--out", default="results/gpu_check.json")
+    args = parser.parse_args()
+    import torch
+
+    cpu = args.cpu or not torch.cuda.is_available()
+    questions = args.questions or (2 if cpu else 16)
+    cfg = settings_for(cpu, questions)
+    arch_name = "tiny qwen2" if cpu else "Qwen/Qwen2.5-Math-1.5B"
+    arch = ARCHITECTURES["qwen2"] if cpu else PAPER_ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
+    device = "CPU: " + (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name(0)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device,
+        "model": f"{arch_name} architecture, random weights",
+        "precision": of_config(cfg).dtype,
+        "group_size": 8,
+        "questions_per_step": questions,
+        "max_new_tokens": cfg["rl"]["max_new_tokens"],
+    }
+    if cpu and not args.cpu:
+        report["note"] = "no GPU found: ran the CPU check"
+    with tempfile.TemporaryDirectory() as tmp:
+        world, model_dir = build_probe(Path(tmp) / "probe", arch)
+        report["hf_rollouts"] = hf_throughput(model_dir, world, cfg, questions)
+        for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
+            run = timed_steps(cfg, method, world, model_dir, Path(tmp) / method, steps=1)
+            step = run["rows"][0]
+            report[method] = {
+                "step_seconds": round(step["perf/step_seconds"], 2),
+                "rollout_seconds": round(step["perf/rollout_seconds"], 2),
+                "peak_memory_gib": round(run["peak_gib"], 2) if run["peak_gib"] is not None else None,
+                "peak_rss_gib": round(peak_rss_gib(), 2),
+            }
+        report["vllm"] = vllm_checks(model_dir, world, cfg)
+    atomic_write_json(Path(args.out), report)
+    print(f"GPU check, {report['date']}, {report['device']}, {report['model']}, {report['precision']}")
+    print("| check | value |\n| --- | --- |")
+    hf_rollouts = report["hf_rollouts"]
+    print(f"| HF engine rollouts | {hf_rollouts['rollouts']} x up to {report['max_new_tokens']} tokens: "
+          f"{hf_rollouts['tokens_per_second']} tokens/s |")  # fmt: skip
+    for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
+        r = report[method]
+        memory = f"peak GPU memory {r['peak_memory_gib']} GiB" if r["peak_memory_gib"] is not None else ""
+        print(f"| one {method} step (G=8, Q={questions}) | {r['step_seconds']} s "
+              f"(rollouts {r['rollout_seconds']} s) {memory} peak RSS {r['peak_rss_gib']} GiB |")  # fmt: skip
+    for key, value in report["vllm"].items():
+        print(f"| vLLM {key} | {value} |")
+    print(f"written: {args.out}")
+    failed = report["vllm"].get("agreement_ok") is False or report["vllm"].get("follows_new_weights") is False
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""A rollout engine with scripted answers, shared by the RL tests and the two-process worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from meml.experts import DEFAULT_PROMPTS
+from meml.rollout import Completion, Sampling
+
+
+class ScriptedEngine:
+    """Answers every expert-1 prompt correctly and every other expert wrongly; records the prompts."""
+
+    def __init__(self, tokenizer: Any, answers: dict[str, str]) -> None:
+        self.tokenizer, self.answers, self.calls = tokenizer, answers, []
+
+    def sync_weights(self, model: Any) -> None:
+        pass
+
+    def replies(self, text: str, question: str, k: int) -> list[str]:
+        """The k answers to one (question, expert) prompt."""
+        right = f"#### {self.answers[question]}"
+        return [right if DEFAULT_PROMPTS[1] in text else "#### 100000"] * k
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
+    ) -> list[list[Completion]]:
+        counts = [n] * len(prompts) if isinstance(n, int) else list(n)
+        eos = [self.tokenizer.eos_token_id]
+        out = []
+        for p, k in zip(prompts, counts, strict=True):
+            text = self.tokenizer.decode(list(p))
+            self.calls.append(text)
+            question = next(q for q in self.answers if q in text)
+            replies = self.replies(text, question, k)
+            encoded = [self.tokenizer(r, add_special_tokens=False)["input_ids"] + eos for r in replies]
+            out.append([Completion(ids, r, True) for ids, r in zip(encoded, replies, strict=True)])
+        return out

@@ -1,0 +1,83 @@
+"""The GPU-hour estimate: work counted from the config, checked by hand; the measured path on the
+tiny model; the paper grid's estimate printed by a Snakemake dry run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT
+
+from meml.config import load_config
+from meml.cost import Assumptions, Throughput, estimate, rl_work, table
+
+
+def _cfg() -> dict:
+    return load_config(
+        overrides={
+            "grid.models": ["qwen2"],
+            "grid.datasets": ["gsm8k"],
+            "grid.methods": ["MoE-SFT-GRPO", "MEML-GRPO", "Expert1-SFT-GRPO"],
+            "rl.steps": 2,
+            "rl.questions_per_step": 2,
+            "rl.group_size": 8,
+            "rl.max_new_tokens": 32,
+            "eval.questions": 10,
+            "eval.max_new_tokens": 32,
+            "toy.sizes.gsm8k": [100, 20],
+            "sft.epochs": 2,
+            "analysis.complementarity.questions": 5,
+            "analysis.complementarity.samples": 2,
+        }
+    )
+
+
+A = Assumptions(prompt_tokens=100, fill=0.5, sft_tokens=50)
+SPEED = {"qwen2": Throughput("test", generate=100.0, train=1000.0)}
+
+
+def test_rl_work_by_hand() -> None:
+    cfg = _cfg()
+    # 2 steps x 2 questions x 8 rollouts = 32 rollouts of 16 tokens; trained on 100 + 16 tokens each
+    assert rl_work(cfg, "MoE-SFT-GRPO", A) == (32 * 16, 32 * 116)
+    assert rl_work(cfg, "MEML-GRPO", A) == (32 * 16, 32 * 116 * 1.25)  # IML's extra passes
+    cfg["methods"]["MoE-SFT-GRPO"]["rl"] = {"spread": "per_expert"}
+    assert rl_work(cfg, "MoE-SFT-GRPO", A)[0] == 3 * 32 * 16  # G for each of three experts
+    cfg["methods"]["MoE-SFT-GRPO"]["dynamic_sampling"] = 2
+    assert rl_work(cfg, "MoE-SFT-GRPO", A)[0] == 3 * 3 * 32 * 16  # at most two extra rounds
+
+
+def test_estimate_by_hand() -> None:
+    rows = estimate(_cfg(), SPEED, A)
+    cell = next(r for r in rows if r["method"] == "MoE-SFT-GRPO")
+    # 512 / 100 + 3712 / 1000 s of RL, 10 questions x 3 experts x 16 tokens / 100 s of evaluation
+    assert cell["hours"] == pytest.approx((5.12 + 3.712 + 4.8) / 3600)
+    expert1 = next(r for r in rows if r["method"] == "Expert1-SFT-GRPO")
+    assert expert1["hours"] == pytest.approx((5.12 + 3.712 + 1.6) / 3600)  # one evaluated expert
+    sft = {r["method"]: r["hours"] for r in rows if r["stage"] == "sft"}
+    # 100 questions x experts x 2 epochs x 50 tokens / 1000 tokens/s
+    assert sft == {"e0-e1-e2": pytest.approx(30 / 3600), "e1": pytest.approx(10 / 3600)}
+    comp = next(r for r in rows if r["stage"] == "complementarity")
+    assert comp["hours"] == pytest.approx(5 * 3 * 2 * 16 / 100 / 3600)
+    text = table(rows, SPEED)
+    assert f"**{sum(r['hours'] for r in rows):.3g}**" in text and "| rl+eval | qwen2 | gsm8k | MEML-GRPO |" in text
+
+
+def test_measured_throughput_is_kept_for_later_estimates(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "meml.cli", "cost", "--config", str(PROJECT / "config/smoke.yaml"),
+           "--set", "grid.models=[qwen2]", "--results", str(tmp_path)]  # fmt: skip
+    measured = subprocess.run([*cmd, "--measure", "--steps", "2"], capture_output=True, text=True, timeout=600)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    assert (tmp_path / "cost_throughput.json").is_file()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert "qwen2: measured on" in again.stdout and "| **total** | grid |" in again.stdout
+
+
+def test_paper_dry_run_prints_the_estimate(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(PROJECT / "Snakefile"),
+           "--directory", str(tmp_path), "--configfile", str(PROJECT / "config/paper.yaml")]  # fmt: skip
+    dry = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "Estimated GPU-hours of this grid: " in dry.stderr and "assumed H100" in dry.stderr

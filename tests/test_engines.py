@@ -1,0 +1,129 @@
+"""Rollout engines without a GPU: one sampling setting for both engines, one precision for every
+stage, the weight sync and its stale-weights check (with the HF copy engine standing in for
+vLLM), and a clear error when vLLM is absent."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from meml.config import load_config
+from meml.engines import make_engine
+from meml.experts import DEFAULT_PROMPTS
+from meml.io import DataError
+from meml.precision import resolve
+from meml.rl import Method, run_rl
+from meml.rollout import (
+    HFCopyEngine,
+    HFEngine,
+    Sampling,
+    StaleWeightsError,
+    check_synced,
+    hf_generation_kwargs,
+    vllm_sampling_kwargs,
+)
+from meml.tiny_models import build_tiny_models, toy_corpus
+
+CONFIG = load_config()
+
+
+@pytest.fixture(scope="module")
+def model_dir(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("engine_models")
+    return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["qwen2"]
+
+
+def test_both_engines_read_one_sampling_setting() -> None:
+    sampled = Sampling(max_new_tokens=64, temperature=0.7, top_p=0.9)
+    hf, vl = hf_generation_kwargs(sampled), vllm_sampling_kwargs(sampled, n=3)
+    assert (hf["temperature"], hf["top_p"], hf["max_new_tokens"], hf["do_sample"]) == (0.7, 0.9, 64, True)
+    assert (vl["temperature"], vl["top_p"], vl["max_tokens"], vl["n"]) == (0.7, 0.9, 64, 3)
+    assert hf["top_k"] == 0 and "top_k" not in vl  # top-k off in both
+    greedy = Sampling(max_new_tokens=16, greedy=True)
+    assert hf_generation_kwargs(greedy) == {"max_new_tokens": 16, "do_sample": False}
+    assert vllm_sampling_kwargs(greedy, 1)["temperature"] == 0.0
+
+
+def test_precision_is_one_decision_for_every_stage() -> None:
+    from meml.rollout_vllm import llm_kwargs
+    from meml.sft import device_settings
+
+    cpu, gpu = resolve("cpu"), resolve("cuda")
+    assert (cpu.dtype, cpu.gradient_checkpointing) == ("float32", False)
+    assert (gpu.dtype, gpu.gradient_checkpointing) == ("bfloat16", True)
+    assert device_settings(cpu) == {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False}
+    assert device_settings(gpu)["bf16"] and device_settings(gpu)["gradient_checkpointing"]
+    # the vLLM engine samples in the run's dtype, as the HF engine does
+    assert llm_kwargs("m", gpu, {}, 0)["dtype"] == gpu.dtype == HFEngine(None, _Tok(), 1, gpu).dtype
+    assert llm_kwargs("m", resolve("cuda", "fp32"), {}, 0)["dtype"] == "float32"
+    with pytest.raises(DataError, match="'precision'"):
+        resolve("cpu", "bf16")
+    with pytest.raises(DataError, match="cuda only"):
+        llm_kwargs("m", cpu, {}, 0)
+
+
+class _Tok:
+    eos_token_id = pad_token_id = 0
+
+
+def test_copy_engine_is_stale_until_synced(model_dir: Path) -> None:
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = HFCopyEngine(policy, AutoTokenizer.from_pretrained(model_dir), 8)
+    check_synced(engine, policy)  # a fresh copy holds the policy's weights
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    policy(input_ids=torch.tensor([[5, 6, 7]]), labels=torch.tensor([[5, 6, 7]])).loss.backward()
+    optimizer.step()
+    with pytest.raises(StaleWeightsError, match="stale policy"):
+        check_synced(engine, policy)
+    engine.sync_weights(policy)
+    check_synced(engine, policy)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(engine.model(input_ids=ids).logits, policy(input_ids=ids).logits)
+
+
+class ForgetfulEngine(HFCopyEngine):
+    """A weight sync that silently does nothing: the bug the loop must catch."""
+
+    def sync_weights(self, model: object) -> None:
+        pass
+
+
+def _settings(**changes: object) -> dict:
+    s = json.loads(json.dumps(CONFIG["rl"]))
+    s.update(steps=2, questions_per_step=2, group_size=4, max_new_tokens=8, checkpoint_every=2, rollout_batch_size=16)
+    s.update(changes)
+    return s
+
+
+def test_rl_with_a_synced_copy_runs_and_a_stale_copy_stops(small_world: Path, model_dir: Path, tmp_path: Path) -> None:
+    method = Method.from_config("MEML-GRPO", CONFIG["methods"]["MEML-GRPO"])
+    args = (method, model_dir, small_world / "data/gsm8k", small_world / "experts/gsm8k")
+    summary = run_rl(_settings(engine="hf-copy"), *args, tmp_path / "synced", progress=False)
+    assert summary["steps"] == 2 and summary["precision"] == "float32"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with pytest.raises(StaleWeightsError, match="ForgetfulEngine holds other weights"):
+        run_rl(_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(policy, tokenizer, 16), progress=False)
+    # it stops at the first update that changed the weights (a step without any reward signal
+    # leaves them as they were, and the copy is not stale yet): never a finished run
+    metrics = tmp_path / "stale" / "metrics.jsonl"
+    assert not (tmp_path / "stale" / "DONE").exists()
+    assert len(metrics.read_text().splitlines() if metrics.exists() else []) < 2
+
+
+def test_without_vllm_the_project_imports_and_the_engine_explains(model_dir: Path) -> None:
+    import importlib
+
+    for name in ("meml.rollout_vllm", "meml.engines", "meml.rl", "meml.cost", "meml.probe"):
+        importlib.import_module(name)
+    assert "vllm" not in sys.modules
+    with pytest.raises(DataError, match=r"GPU-only extra.*pip install -e \.\[gpu\]"):
+        make_engine("vllm", None, model_dir, None, _settings(), resolve("cpu"), seed=0)
+    with pytest.raises(DataError, match=r"'rl\.engine'"):
+        make_engine("sglang", None, model_dir, None, _settings(), resolve("cpu"), seed=0)

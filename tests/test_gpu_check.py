@@ -1,0 +1,25 @@
+"""The GPU check script's CPU part (the test suite has no GPU): it runs, measures, and says that
+it skipped vLLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROJECT
+
+
+def test_gpu_check_cpu_part(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    cmd = [sys.executable, str(PROJECT / "scripts/gpu_check.py"), "--cpu", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["precision"] == "float32" and report["group_size"] == 8
+    assert report["hf_rollouts"]["rollouts"] == 16 and report["hf_rollouts"]["tokens_per_second"] > 0
+    for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
+        assert report[method]["step_seconds"] > 0 and report[method]["peak_memory_gib"] is None
+    assert "not importable" in report["vllm"]["skipped"]
+    assert "| vLLM skipped |" in done.stdout and "| one MEML-GRPO step (G=8, Q=2) |" in done.stdout
