@@ -107,7 +107,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
     with pytest.raises(DataError, match="needs the GPU extra"):
-        _make_model(model, "vllm", 8, "cuda")
+        _make_model(model, "vllm", 8, "cuda", "bfloat16")
     with pytest.raises(DataError, match="unknown evaluation backend"):
         _make_model(model, "tgi", 8, "cpu")
 
