@@ -109,7 +109,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
     with pytest.raises(DataError, match="needs the GPU extra"):
         _make_model(model, "vllm", 8, "cuda", "bfloat16")
     with pytest.raises(DataError, match="unknown evaluation backend"):
-        _make_model(model, "tgi", 8, "cpu")
+        _make_model(model, "tgi", 8, "cpu", "float32")
 
 
 def test_complementarity_command_writes_json_and_figures(
