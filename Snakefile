@@ -39,7 +39,8 @@ ALL_EXPERTS = list(range(N_EXPERTS))
 PAPER_EXPERTS = ALL_EXPERTS[:3]  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 
-if config["device"] == "cuda":  # say what the grid will cost before anything runs (also on -n)
+# Say what the grid will cost before anything runs (also on -n); not again inside each job.
+if config["device"] == "cuda" and workflow.is_main_process:
     from meml import cost  # noqa: E402
 
     _speeds = cost.throughputs(config, Path(RESULTS) / "cost_throughput.json")

@@ -141,3 +141,11 @@ def test_bad_config_stops_before_any_job(tmp_path: Path, text: str, named: str) 
     assert done.returncode != 0
     assert named in done.stdout + done.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_html_report_collects_every_table_with_its_caption(smoke_run: Path) -> None:
+    html = smoke_run / "report.html"
+    done = _run(smoke_run, "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), "--report", str(html))
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = html.read_text()
+    assert all(f"{name}.md" in text for name in TABLES + EXTRA_TABLES)

@@ -325,7 +325,8 @@ def run_rl(
         groups = sample_groups(engine, tokenizer, batch, experts, counts, sampling, prompts, reward_config)
         sampled_rollouts, replaced, rounds = Q * sum(counts), 0, 0
         while rounds < method.dynamic_sampling:  # the DAPO-style baseline only
-            dead = [q for q in range(Qp) if not groups.informative()[q]]
+            informative = groups.informative()  # (Qp,) some subgroup with a reward spread
+            dead = [q for q in range(Qp) if not informative[q]]
             dead_counts = dist.gather(len(dead))  # fresh questions come from the shared order
             if sum(dead_counts) == 0:
                 break
