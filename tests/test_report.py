@@ -22,7 +22,7 @@ E1 = {
 }
 
 
-def _config() -> dict:
+def _config(**overrides: object) -> dict:
     return load_config(
         overrides={
             "profile": "t",
@@ -30,6 +30,7 @@ def _config() -> dict:
             "grid.datasets": ["gsm8k", "mathqa"],
             "grid.seeds": [0, 1],
             "mlflow.enabled": False,
+            **overrides,
         }
     )
 
@@ -176,16 +177,7 @@ def test_verdicts_need_the_order_on_every_seed() -> None:
 
 
 def test_extra_tables_and_summary_by_hand(tmp_path: Path) -> None:
-    cfg = load_config(
-        overrides={
-            "profile": "t",
-            "grid.models": ["qwen2"],
-            "grid.datasets": ["gsm8k", "mathqa"],
-            "grid.seeds": [0, 1],
-            "mlflow.enabled": False,
-            "extras.methods": ["MEML-B4", "MEML-per_expert"],
-        }
-    )
+    cfg = _config(**{"extras.methods": ["MEML-B4", "MEML-per_expert"]})
     _write_results(cfg, tmp_path / "results")
     build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
     tables = tmp_path / "report" / "tables"

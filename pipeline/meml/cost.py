@@ -93,7 +93,7 @@ def estimate(
     cfg: dict[str, Any], throughput: dict[str, Throughput], a: Assumptions | None = None
 ) -> list[dict[str, Any]]:
     """One row per job group: stage, model, data set, method, hours. `throughput` per grid model."""
-    from .grid import cells, complementarity_models
+    from .grid import cells, complementarity_models, sft_variant
 
     a = a or Assumptions()
     rows: list[dict[str, Any]] = []
@@ -114,7 +114,7 @@ def estimate(
     variants: dict[tuple[str, str, str], int] = {}
     for cell in cells(cfg):
         experts = cfg["methods"][cell.method]["sft_experts"]
-        variants[(cell.model, cell.dataset, "-".join(f"e{k}" for k in sorted(experts)))] = len(experts)
+        variants[(cell.model, cell.dataset, sft_variant(experts))] = len(experts)
     for (model, ds, variant), n_experts in sorted(variants.items()):
         tokens = sizes(cfg, ds)[0] * n_experts * cfg["sft"]["epochs"] * a.sft_tokens
         rows.append({"stage": "sft", "model": model, "dataset": ds, "method": variant, "seed": None,

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import grid
 from .io import read_json
-from .report import DATASET_TITLES, subgroup_share
+from .report import DATASET_TITLES, TOY_NOTE, model_label, subgroup_share
 from .tables import MISSING, Table, fmt
 
 TITLES = {
@@ -58,12 +58,6 @@ def describe(cfg: dict[str, Any], method: str) -> str:
     return " · ".join(parts)
 
 
-def per_seed(results: Any, models: list[str], datasets: list[str], method: str) -> list[float]:
-    """The headline accuracy of each seed, averaged over the given models and data sets."""
-    columns = [results.accuracy(m, ds, method) for m in models for ds in datasets]
-    return [statistics.fmean(values) for values in zip(*columns, strict=True)]
-
-
 def run_cost(results: Any, model: str, datasets: list[str], method: str) -> tuple[list[float], list[float]]:
     """Rollouts sampled and wall seconds of one RL run, per seed (averaged over the data sets)."""
     rollouts, seconds = [], []
@@ -78,7 +72,7 @@ def _seeds(values: list[float]) -> str:
     return " / ".join(f"{v:.1f}" for v in values) if values else MISSING
 
 
-def extra_table(cfg: dict[str, Any], results: Any, name: str, model_label: Any, notes: list[str]) -> Table:
+def extra_table(cfg: dict[str, Any], results: Any, name: str) -> Table:
     datasets = cfg["extras"]["datasets"]
     groups = [(DATASET_TITLES[ds], ["ours"]) for ds in datasets] + [("Avg", ["ours", "per seed"])]
     if name in COST_TABLES:
@@ -87,15 +81,18 @@ def extra_table(cfg: dict[str, Any], results: Any, name: str, model_label: Any, 
     for model in grid.extra_models(cfg):
         for method in methods_for(cfg, name):
             cells = [fmt(results.accuracy(model, ds, method)) for ds in datasets]
-            seeds = per_seed(results, [model], datasets, method)
+            seeds = results.per_seed([model], datasets, method)
             cells += [fmt(seeds), _seeds(seeds)]
             if name in COST_TABLES:
                 rollouts, seconds = run_cost(results, model, datasets, method)
                 cells += [f"{statistics.fmean(rollouts):.0f}", f"{statistics.fmean(seconds):.1f}"]
             table.add([model_label(cfg, model), method, describe(cfg, method)], cells)
-    rl = cfg["rl"]
+    rl, n_seeds = cfg["rl"], len(cfg["grid"]["seeds"])
     table.notes = [
-        *notes,
+        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        f"Accuracy in % ({results.metric} answer checker), "
+        + (f"mean ± sd over {n_seeds} seeds" if n_seeds > 1 else "one seed")
+        + "; the paper reports none of these (questions it leaves open).",
         "per seed: the average over the data sets shown, seed by seed (grid.seeds order).",
         f"setting: the method's switches and its own RL settings; the others are rl's (B = {rl['buffer']['capacity']}, "
         f"K/G = {rl['buffer']['threshold']}, lambda1 = {rl['lambda_iml']}, lambda2 = {rl['lambda_sft']}, "
@@ -144,8 +141,8 @@ def summary(cfg: dict[str, Any], results: Any, root: Path) -> list[str]:
 
     def acc(method: str, on_extras: bool = False) -> list[float]:
         if on_extras:
-            return per_seed(results, grid.extra_models(cfg), cfg["extras"]["datasets"], method)
-        return per_seed(results, models, datasets, method)
+            return results.per_seed(grid.extra_models(cfg), cfg["extras"]["datasets"], method)
+        return results.per_seed(models, datasets, method)
 
     lines = [
         f"Accuracy: expert {cfg['report']['headline_expert']}'s prompt, averaged over "
@@ -167,10 +164,7 @@ def summary(cfg: dict[str, Any], results: Any, root: Path) -> list[str]:
         if {a, b} <= used:
             lines.append(_claim(text, a, acc(a), b, acc(b)))
     if "MEML-GRPO" in used and "vote" in grid.tables_of(cfg, "MEML-GRPO"):
-        vote = [
-            statistics.fmean(v)
-            for v in zip(*[results.vote(m, ds, "MEML-GRPO") for m in models for ds in datasets], strict=True)
-        ]
+        vote = results.per_seed(models, datasets, "MEML-GRPO", results.vote)
         lines.append(_claim("MEML-GRPO with one expert matches or beats the experts' majority vote",
                             "one expert", acc("MEML-GRPO"), "vote", vote, ">="))  # fmt: skip
     if {"MEML-GRPO", "MoE-SFT-GRPO"} <= used:
@@ -222,7 +216,7 @@ def summary(cfg: dict[str, Any], results: Any, root: Path) -> list[str]:
         lines.append(
             f"- How sensitive is MEML to B, K, lambda1, lambda2? The largest move from MEML-GRPO "
             f"({statistics.fmean(base):.1f}) is {moves[worst]:+.1f} "
-            f"({worst}: {describe(cfg, worst).split(' · ')[-1]}), "
+            f"({worst}: {', '.join(_flat('', cfg['methods'][worst].get('rl') or {}))}), "
             f"against a seed sd of {'–' if sd is None else f'{sd:.1f}'}. **{word}** (more than twice the seed sd)."
         )
     return lines

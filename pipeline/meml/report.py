@@ -30,7 +30,7 @@ TOY_NOTE = (
 )
 
 
-def _model_label(cfg: dict[str, Any], model: str) -> str:
+def model_label(cfg: dict[str, Any], model: str) -> str:
     paper = cfg["models"][model]["paper_name"]
     return f"{paper} (toy: {model})" if cfg["world"] == "toy" else paper
 
@@ -61,10 +61,16 @@ class Results:
     def vote(self, model: str, ds: str, method: str) -> list[float]:
         return [100 * e["majority_vote"]["lenient"] for e in self.evals[(model, ds, method)] if "majority_vote" in e]
 
+    def per_seed(self, models: list[str], datasets: list[str], method: str, get: Any = None) -> list[float]:
+        """Per-seed mean over the given models and data sets of the headline accuracy (or of
+        `get(model, ds, method)`, e.g. `self.vote`)."""
+        get = get or self.accuracy
+        columns = [get(m, ds, method) for m in models for ds in datasets]
+        return [statistics.fmean(seed_values) for seed_values in zip(*columns, strict=True)]
+
     def average(self, model: str, method: str) -> list[float]:
         """Per-seed mean over the grid's data sets."""
-        per_ds = [self.accuracy(model, ds, method) for ds in self.cfg["grid"]["datasets"]]
-        return [statistics.fmean(seed_values) for seed_values in zip(*per_ds, strict=True)]
+        return self.per_seed([model], self.cfg["grid"]["datasets"], method)
 
     def steps(self, model: str, ds: str, method: str, seed: int) -> list[dict[str, float]]:
         """The step metrics of one cell (its metrics.jsonl), read once; several figures use them."""
@@ -123,7 +129,7 @@ def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any])
             ref_values = [ref.get(ds) for ds in datasets]
             ref_avg = statistics.fmean(ref_values) if ref and None not in ref_values else None  # type: ignore[arg-type]
             cells += ours_paper_diff(results.average(model, method), ref_avg)
-            table.add([_model_label(cfg, model), method], cells)
+            table.add([model_label(cfg, model), method], cells)
     table.notes = _notes(cfg, results, ["Paper avg: the mean of the paper's values over the data sets shown."])
     return table
 
@@ -135,7 +141,7 @@ def _flags(cfg: dict[str, Any], method: str) -> dict[str, bool]:
 
 def ablation_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Table:
     models = grid.models(cfg)
-    groups = [(_model_label(cfg, m), ["ours", "paper", "diff"]) for m in models]
+    groups = [(model_label(cfg, m), ["ours", "paper", "diff"]) for m in models]
     table = Table(
         "ablation", "Ablation: MoE / HSFT / IML, average over the data sets", ["MoE", "HSFT", "IML", "method"], groups
     )
@@ -170,7 +176,7 @@ def vote_table(cfg: dict[str, Any], results: Results) -> Table:
             for ds in cfg["grid"]["datasets"]:
                 single, vote = results.accuracy(model, ds, method), results.vote(model, ds, method)
                 cells += [fmt(single), fmt(vote), fmt_diff(single, statistics.fmean(vote) if vote else None)]
-            table.add([_model_label(cfg, model), method], cells)
+            table.add([model_label(cfg, model), method], cells)
     table.notes = _notes(
         cfg,
         results,
@@ -218,7 +224,7 @@ def complementarity_table(cfg: dict[str, Any], root: Path, reference: dict[str, 
             for ds in datasets:
                 value = get(stats[ds])
                 cells += ours_paper_diff([] if value is None else [100 * value], ref.get(ds, {}).get(key))
-            table.add([_model_label(cfg, model), label], cells)
+            table.add([model_label(cfg, model), label], cells)
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         f"The MEF (SFT) model sampled at temperature {cfg['rl']['temperature']}; the paper's values are "
@@ -275,7 +281,7 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
                 fmt([sum(r["iml/pairs"] for r in rows) for rows in per_seed if rows]),
                 fmt([rows[-1]["hsft/flushes"] for rows in per_seed if rows]),
             ]
-        table.add([_model_label(cfg, model), method], cells)
+        table.add([model_label(cfg, model), method], cells)
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         "all wrong / all right: % of (question, expert) subgroups whose rollouts all fail / all succeed, mean over "
@@ -330,7 +336,7 @@ def sparsity_dashboard(cfg: dict[str, Any], results: Results, out_dir: Path) -> 
                     ax.plot(range(1, len(values) + 1), values, marker="o", markersize=2, label=method)
                 ax.set_ylabel(label, fontsize=7)
                 ax.grid(alpha=0.3)
-            axes[0][col].set_title(_model_label(cfg, model), fontsize=9)
+            axes[0][col].set_title(model_label(cfg, model), fontsize=9)
             axes[-1][col].set_xlabel("RL step")
         axes[0][-1].legend(fontsize=6)
         written += _save(
@@ -351,7 +357,7 @@ def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[
             for method in methods:
                 curve = results.curve(model, ds, method)
                 ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=method)
-            ax.set_title(_model_label(cfg, model), fontsize=9)
+            ax.set_title(model_label(cfg, model), fontsize=9)
             ax.set_xlabel("RL step")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("mean training reward")
@@ -385,14 +391,7 @@ def build(
     from . import extras  # it builds on this module's tables
 
     if cfg["extras"]["methods"]:
-        seeds = len(cfg["grid"]["seeds"])
-        notes = [
-            *([TOY_NOTE] if cfg["world"] == "toy" else []),
-            f"Accuracy in % ({results.metric} answer checker), "
-            + (f"mean ± sd over {seeds} seeds" if seeds > 1 else "one seed")
-            + "; the paper reports none of these (questions it leaves open).",
-        ]
-        tables += [extras.extra_table(cfg, results, name, _model_label, notes) for name in grid.EXTRA_TABLES]
+        tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     written: list[Path] = []
     for table in tables:
         for ext, render in (("md", to_markdown), ("tex", to_latex)):
