@@ -36,7 +36,7 @@ DATASETS = config["grid"]["datasets"]
 MODELS = grid.models(config)
 CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
 ALL_EXPERTS = list(range(N_EXPERTS))
-PAPER_EXPERTS = ALL_EXPERTS[:3]  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
+PAPER_EXPERTS = list(grid.PAPER_EXPERTS)  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 
 # Say what the grid will cost before anything runs (also on -n); not again inside each job.

@@ -47,6 +47,7 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             questions_per_step=8,
             group_size=8,
             max_new_tokens=args.tokens,
+            max_truncated_share=1.0,  # a throughput benchmark: short caps are its choice
             checkpoint_every=10_000,
         )
         settings["buffer"] = dict(settings["buffer"], capacity=args.buffer)

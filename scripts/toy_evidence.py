@@ -24,7 +24,7 @@ import torch
 
 def sparsity_at_start(sft: Path, data: Path, n_questions: int, settings: dict[str, Any], seed: int) -> dict[str, Any]:
     from meml.complementarity import sample_correctness
-    from meml.rl import rollouts_per_expert
+    from meml.grid import rollouts_per_expert
     from meml.rollout import Sampling
 
     sampling = Sampling(int(settings["max_new_tokens"]), float(settings["temperature"]), float(settings["top_p"]))

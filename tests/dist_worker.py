@@ -26,8 +26,8 @@ def main(world: Path, base: Path, out: Path) -> None:
     data, experts = world / "data/gsm8k", world / "experts/gsm8k"
     sft = run_sft(base, data, experts, out / "sft", [0, 1, 2], dict(cfg["sft"], epochs=1, max_length=256))
     settings = json.loads(json.dumps(cfg["rl"]))
-    settings.update(steps=2, questions_per_step=2, group_size=4, max_new_tokens=12, checkpoint_every=1,
-                    rollout_batch_size=16, engine="hf-copy")  # fmt: skip
+    settings.update(steps=2, questions_per_step=2, group_size=6, max_new_tokens=12, checkpoint_every=1,
+                    rollout_batch_size=16, engine="hf-copy", max_truncated_share=1.0)  # fmt: skip
     settings["buffer"].update(capacity=2)
     model = out / "sft" / "model"
     for name in [*cfg["grid"]["methods"], "MoE-SFT-GRPO+DS", "MEML-per_expert"]:

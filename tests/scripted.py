@@ -7,6 +7,7 @@ from typing import Any
 
 from meml.experts import DEFAULT_PROMPTS
 from meml.rollout import Completion, Sampling
+from meml.stops import stop_tokens
 
 
 class ScriptedEngine:
@@ -27,7 +28,7 @@ class ScriptedEngine:
         self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
     ) -> list[list[Completion]]:
         counts = [n] * len(prompts) if isinstance(n, int) else list(n)
-        eos = [self.tokenizer.eos_token_id]
+        eos = [stop_tokens(self.tokenizer).end_of_turn]
         out = []
         for p, k in zip(prompts, counts, strict=True):
             text = self.tokenizer.decode(list(p))

@@ -18,7 +18,7 @@ from meml.config import load_config
 from meml.experts import DEFAULT_PROMPTS
 from meml.tiny_models import build_tiny_models, toy_corpus
 
-G = 4  # the worker's group size
+G = 6  # the worker's group size
 
 
 def _free_port() -> int:

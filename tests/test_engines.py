@@ -70,6 +70,9 @@ def test_precision_is_one_decision_for_every_stage() -> None:
 class _Tok:
     eos_token_id = pad_token_id = 0
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return ["<eos>" for _ in ids]
+
 
 def test_copy_engine_is_stale_until_synced(model_dir: Path) -> None:
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -96,7 +99,15 @@ class ForgetfulEngine(HFCopyEngine):
 
 def _settings(**changes: object) -> dict:
     s = json.loads(json.dumps(CONFIG["rl"]))
-    s.update(steps=2, questions_per_step=2, group_size=4, max_new_tokens=8, checkpoint_every=2, rollout_batch_size=16)
+    s.update(
+        steps=2,
+        questions_per_step=2,
+        group_size=6,
+        max_new_tokens=8,
+        checkpoint_every=2,
+        rollout_batch_size=16,
+        max_truncated_share=1.0,
+    )
     s.update(changes)
     return s
 

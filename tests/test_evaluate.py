@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from meml.complementarity import complementarity
+from meml.answers import answers_match
+from meml.complementarity import complementarity, sample_correctness
 from meml.evaluate import evaluate, majority_vote
 from meml.experts import DEFAULT_PROMPTS
 from meml.io import DataError
@@ -49,7 +50,13 @@ def test_lm_eval_accuracy_equals_the_checker_on_the_same_generations(
         direct = sum(q[name]["lenient_correct"] for q in block["samples"]) / 6
         assert e["lenient"] == pytest.approx(direct)
         assert e["seconds_per_100_questions"] > 0
-    assert all("e0" in q and "e1" in q and "majority_vote" in q for q in block["samples"])
+        assert 0 <= e["finished"] <= 1
+    assert all("e0" in q and "e1" in q and "majority_vote_strict" in q for q in block["samples"])
+    for mode in ("strict", "lenient"):  # the vote in each mode, from that mode's predictions
+        by_hand = sum(
+            answers_match(majority_vote([q["e0"][mode], q["e1"][mode]]), q["gold"], "mathqa") for q in block["samples"]
+        )
+        assert block["majority_vote"][mode] == pytest.approx(by_hand / 6)
     assert (tmp_path / "eval.json").is_file()
 
 
@@ -110,6 +117,19 @@ def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
         _make_model(model, "vllm", 8, "cuda", "bfloat16")
     with pytest.raises(DataError, match="unknown evaluation backend"):
         _make_model(model, "tgi", 8, "cpu", "float32")
+
+
+def test_complementarity_samples_one_model_per_expert_when_given_three(small_world: Path, model: Path) -> None:
+    from meml.rollout import Sampling
+
+    data = small_world / "data/gsm8k/test.jsonl"
+    args = ([0, 1, 2], 2, Sampling(max_new_tokens=8, temperature=1.0))
+    mef = sample_correctness(model, data, *args, limit=4, seed=3)
+    # the same model given three times (the paper's reading: a model per expert) draws the same samples
+    per_expert = sample_correctness([model, model, model], data, *args, limit=4, seed=3)
+    assert torch.equal(mef, per_expert) and mef.shape == (4, 3, 2)
+    with pytest.raises(DataError, match="2 models for 3 experts"):
+        sample_correctness([model, model], data, *args, limit=4)
 
 
 def test_complementarity_command_writes_json_and_figures(

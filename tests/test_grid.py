@@ -71,6 +71,21 @@ def test_cell_key_changes_only_with_the_cells_own_values() -> None:
         ({"methods.MEML-GRPO.eval_experts": [0, 2]}, "methods.MEML-GRPO.eval_experts"),  # main table needs expert 1
         ({"methods.MoE+IML.tables": ["vote"]}, "methods.MoE+IML.eval_experts"),  # a vote of one
         ({"world": "real"}, "teachers.e1"),  # the real world needs a teacher per expert above 0
+        ({"rl.group_size": 2}, "rl.group_size"),  # 2 rollouts over 3 experts: checked before any job
+        ({"rl.group_size": 5}, "rl.group_size"),  # 2/2/1: one expert with a single rollout
+        ({"rl.engine": "vllm"}, "rl.engine"),  # vLLM on a CPU config
+        ({"eval.max_new_tokens": 256}, "eval.max_new_tokens"),  # toy GSM8K's RL samples 384
+        (
+            {
+                "world": "real",
+                "teachers": {
+                    "e1": {"backend": "openai", "model": "r1", "base_url": "http://x", "max_tokens": 8192},
+                    "e2": {"backend": "jsonl", "path": "x"},
+                },
+            },
+            "teachers.e1.max_tokens",
+        ),  # longer than sft.max_length
+        ({"extras.methods": ["MEML-B4"], "methods.MEML-B4.rl": {"group_size": 4}}, "rl.group_size"),  # 2/1/1
         (
             {
                 "world": "real",

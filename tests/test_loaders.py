@@ -95,6 +95,43 @@ def test_mathqa_uses_dev_as_train_when_train_is_missing(tmp_path: Path) -> None:
     assert records[0].rationale == "5 ^ 4 = 625 . answer : c"
 
 
+def test_mathqa_from_the_hubs_parquet_conversion(tmp_path: Path) -> None:
+    """allenai/math_qa is a script data set that datasets 5.x will not run; its parquet conversion
+    (hub revision refs/convert/parquet, shards named <split>-00000-of-00001.parquet) loads as files."""
+    import pandas as pd
+
+    folder = tmp_path / "default"
+    folder.mkdir()
+    other = dict(MQA_ROW, Problem="what is 2 + 2 ?", Rationale='"2 + 2 = 4 . answer : a"', correct="a",
+                 options="a ) 4 , b ) 5 , c ) 6 , d ) 7 , e ) 8")  # fmt: skip
+    pd.DataFrame([MQA_ROW, other]).to_parquet(folder / "train-00000-of-00001.parquet")
+    pd.DataFrame([other]).to_parquet(folder / "test-00000-of-00001.parquet")
+    records = load_local("mathqa", tmp_path)
+    assert [(r.split, r.answer) for r in records] == [("train", "c"), ("train", "a"), ("test", "a")]
+    assert records[0].rationale == "5 ^ 4 = 625 . answer : c" and records[2].options["a"] == "4"
+    assert "train-00000-of-00001.parquet" in records[0].source
+    (folder / "test-00000-of-00001.parquet").write_bytes(b"PAR1 torn")
+    with pytest.raises(DataError, match=r"test-00000-of-00001\.parquet.*not a readable parquet file"):
+        load_local("mathqa", tmp_path)
+
+
+def test_hub_revision_reaches_the_loader() -> None:
+    seen = {}
+
+    def fake(hub_id: str, **kwargs: str) -> dict[str, list[dict]]:
+        seen.update(kwargs, hub_id=hub_id)
+        return {"train": [MQA_ROW], "test": [MQA_ROW]}
+
+    from meml.config import load_config
+    from meml.loaders import load_real
+
+    settings = load_config()["data"]["mathqa"]
+    assert settings["hub_revision"] == "refs/convert/parquet"  # the default: the plain-file copy
+    records = load_hub("mathqa", settings["hub_id"], None, load_dataset=fake, revision=settings["hub_revision"])
+    assert seen == {"hub_id": "allenai/math_qa", "revision": "refs/convert/parquet"} and len(records) == 2
+    assert callable(load_real)
+
+
 def test_mathqa_option_shapes() -> None:
     assert parse_mathqa_options("a ) a ) 3 , b ) 2 , c ) c ) 5 , d ) d ) 21 , e ) e ) 28")["c"] == "5"
     broken = parse_mathqa_options("a ) 714,240 , b ) 2 , 261,760 , c ) 2 , 400,000 , d ) 3 , 012,121 , e ) 3 , 915,790")
@@ -168,3 +205,25 @@ def test_prepared_records_round_trip_and_validation(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "missing.jsonl", [missing])
     with pytest.raises(DataError, match=r"missing.jsonl, line 1, field 'question': missing field"):
         read_records(tmp_path / "missing.jsonl")
+
+
+def test_expert_files_refuse_a_question_twice_and_a_wrong_answer(tmp_path: Path) -> None:
+    from meml.experts import read_trajectories
+
+    records = load_local("gsm8k", _gsm_folder(tmp_path))
+    by_id = {r.id: r for r in records}
+    first = records[0]
+    good = {"id": first.id, "expert": 1, "completion": "5 * 2 = 10\n#### 10"}
+    path = tmp_path / "e1.jsonl"
+    write_jsonl(path, [good, good])
+    with pytest.raises(DataError, match=r"e1.jsonl, line 2, field 'id'.*appears twice \(first on line 1\)"):
+        read_trajectories(path, by_id)
+    write_jsonl(path, [good, {"id": records[1].id, "expert": 1, "completion": "so\n#### 7"}])
+    with pytest.raises(DataError, match=r"e1.jsonl, line 2, field 'completion'.*checker rejects"):
+        read_trajectories(path, by_id)
+
+
+def _gsm_folder(tmp_path: Path) -> Path:
+    write_jsonl(tmp_path / "gsm" / "train.jsonl", GSM_ROWS)
+    write_jsonl(tmp_path / "gsm" / "test.jsonl", GSM_ROWS[:1])
+    return tmp_path / "gsm"

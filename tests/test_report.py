@@ -39,11 +39,12 @@ def _write_results(cfg: dict, root: Path) -> None:
     for cell in grid.cells(cfg):
         e1 = E1.get((cell.method, cell.dataset), [0.25, 0.25])[cell.seed]
         experts = {
-            f"e{k}": {"strict": 0.0, "lenient": e1 if k == 1 else 0.30} for k in grid.eval_experts(cfg, cell.method)
+            f"e{k}": {"strict": 0.0, "lenient": e1 if k == 1 else 0.30, "finished": 0.5 if cell.seed else 1.0}
+            for k in grid.eval_experts(cfg, cell.method)
         }
         block = {"experts": experts}
         if len(experts) > 1:
-            block["majority_vote"] = {"lenient": 0.40}
+            block["majority_vote"] = {"strict": 0.20, "lenient": 0.40}
         path = root / "eval" / f"{cell.path}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"model": block}))
@@ -106,6 +107,32 @@ def test_ablation_rows_match_the_papers_by_switches(built: tuple[dict, Path]) ->
     assert _row(text, "MoE+HSFT") == ["x", "x", "-", "MoE+HSFT", "20.0 ± 0.0", "76.4", "-56.4"]
     assert _row(text, "Expert1-SFT-GRPO")[:4] == ["-", "-", "-", "Expert1-SFT-GRPO"]
     assert _row(text, "Expert1-SFT-GRPO")[5] == "70.1"
+
+
+def test_finished_share_in_the_main_tables_notes(built: tuple[dict, Path]) -> None:
+    _, out = built
+    # seeds 0 and 1 finish 100% and 50% of expert 1's answers in every cell: mean 75%, lowest 50%
+    assert "ended within the token cap: mean 75.0%, lowest 50.0%" in (out / "tables/main.md").read_text()
+
+
+def test_vote_is_scored_in_the_tables_checker_mode(tmp_path: Path) -> None:
+    cfg = _config(**{"reward.mode": "strict"})
+    _write_results(cfg, tmp_path / "results")
+    build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    vote = _row((tmp_path / "report/tables/majority_vote.md").read_text(), "MEML-GRPO")
+    assert vote[2:5] == ["0.0 ± 0.0", "20.0 ± 0.0", "-20.0"]  # strict expert 1 (0) against the strict vote (20)
+
+
+def test_ablation_shows_both_paper_values_where_its_tables_disagree(tmp_path: Path) -> None:
+    cfg = _config(**{"grid.datasets": ["gsm8k", "strategyqa", "mathqa"]})
+    _write_results(cfg, tmp_path / "results")
+    build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    text = (tmp_path / "report/tables/ablation.md").read_text()
+    # Expert1-SFT-GRPO: ablation 70.1; main (73.1 + 62.5 + 71.8) / 3 = 69.13
+    assert _row(text, "Expert1-SFT-GRPO")[5] == "70.1 (main: 69.1)"
+    # MEML-GRPO: ablation 77.3; main (79.6 + 75.3 + 76.4) / 3 = 77.1
+    assert _row(text, "MEML-GRPO")[5] == "77.3 (main: 77.1)"
+    assert _row(text, "MoE+HSFT")[5] == "76.4"  # not in the main table
 
 
 def test_vote_and_complementarity_tables(built: tuple[dict, Path]) -> None:

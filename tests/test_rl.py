@@ -13,8 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.config import load_config
 from meml.experts import DEFAULT_PROMPTS
+from meml.grid import rollouts_per_expert
+from meml.io import DataError
 from meml.records import read_records
-from meml.rl import Method, QuestionOrder, rollouts_per_expert, run_rl
+from meml.rl import Method, QuestionOrder, run_rl
 from meml.rollout import HFEngine, Sampling
 from meml.sft import run_sft
 from meml.tiny_models import build_tiny_models, toy_corpus
@@ -26,7 +28,13 @@ METHODS = CONFIG["methods"]
 def tiny_settings(**changes: Any) -> dict[str, Any]:
     settings = json.loads(json.dumps(CONFIG["rl"]))
     settings.update(
-        steps=2, questions_per_step=2, group_size=4, max_new_tokens=12, checkpoint_every=1, rollout_batch_size=16
+        steps=2,
+        questions_per_step=2,
+        group_size=6,
+        max_new_tokens=12,
+        checkpoint_every=1,
+        rollout_batch_size=16,
+        max_truncated_share=1.0,  # 12-token rollouts: the trajectories do not fit, on purpose
     )
     settings["buffer"].update(capacity=2)
     settings.update(changes)
@@ -43,6 +51,9 @@ def test_rollout_spread() -> None:
     assert rollouts_per_expert(8, 3, "split") == [3, 3, 2]
     assert rollouts_per_expert(8, 1, "split") == [8]
     assert rollouts_per_expert(8, 3, "per_expert") == [8, 8, 8]
+    assert rollouts_per_expert(10, 5, "split") == [2, 2, 2, 2, 2]
+    with pytest.raises(DataError, match=r"'rl.group_size'.*rollouts \[2, 2, 2, 1, 1\]"):
+        rollouts_per_expert(8, 5, "split")
 
 
 def test_question_order_is_seeded_and_resumable() -> None:
@@ -249,8 +260,60 @@ def test_dynamic_sampling_replaces_questions_without_reward_spread(
     assert replaced > 0  # the chosen order does exercise the replacement
     m = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert (m["dynamic/replaced"], m["dynamic/rounds"]) == (replaced, rounds)
-    assert m["rollouts/sampled"] == (2 + replaced) * 4  # G = 4 shared by the three experts
+    assert m["rollouts/sampled"] == (2 + replaced) * 6  # G = 6 shared by the three experts
     # every question was asked of the three experts; the questions trained on are the last batch
     assert len(engine.calls) == 3 * (2 + replaced)
     # the step trains on the final batch: only its still-unsolvable questions are all wrong
     assert m["subgroups/all_wrong"] == pytest.approx(sum(records[i].question not in solvable for i in batch) / 2)
+
+
+def _flush_run(
+    small_world: Path, base_model: Path, out: Path, lambda_sft: float = 0.5, **buffer: Any
+) -> dict[str, torch.Tensor]:
+    """One MEML step whose buffer fills (capacity 2, scripted failures): the flush step's weights."""
+    data = small_world / "data/gsm8k"
+    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
+    settings = tiny_settings(steps=1, lambda_sft=lambda_sft)
+    settings["buffer"].update(buffer)
+    method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    run_rl(settings, method, base_model, data, small_world / "experts/gsm8k", out, engine=engine, progress=False)
+    assert json.loads((out / "metrics.jsonl").read_text())["hsft/flushes"] == 1
+    return AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+
+
+def test_hsft_readings_reach_their_own_knobs(small_world: Path, base_model: Path, tmp_path: Path) -> None:
+    """joint: lambda_sft * L_SFT joins the RL step (sft_lr unused); separate: a step of its own at
+    sft_lr (lambda_sft unused)."""
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    joint = _flush_run(small_world, base_model, tmp_path / "j1", update="joint", sft_lr=1e-3)
+    assert same(joint, _flush_run(small_world, base_model, tmp_path / "j2", update="joint", sft_lr=0.5))
+    slow = _flush_run(small_world, base_model, tmp_path / "s1", update="separate", sft_lr=1e-12)
+    fast = _flush_run(small_world, base_model, tmp_path / "s2", update="separate", sft_lr=1e-2)
+    assert not same(slow, fast) and not same(joint, fast)
+    assert not same(joint, _flush_run(small_world, base_model, tmp_path / "j3", 5.0, update="joint", sft_lr=1e-3))
+    assert same(fast, _flush_run(small_world, base_model, tmp_path / "s3", 5.0, update="separate", sft_lr=1e-2))
+
+
+def test_rl_budget_in_epochs_is_counted_on_the_data_sets_size(
+    small_world: Path, base_model: Path, tmp_path: Path
+) -> None:
+    data = small_world / "data/gsm8k"
+    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    method = Method.from_config("Expert1-SFT-GRPO", METHODS["Expert1-SFT-GRPO"])
+    # 60 training questions, 2 a step: 0.05 epochs = 1.5 steps -> 2 (rl.steps 99 is not used)
+    done = run_rl(tiny_settings(steps=99, epochs=0.05), method, base_model, data, small_world / "experts/gsm8k",
+                  tmp_path, engine=engine, progress=False)  # fmt: skip
+    assert done["steps"] == 2 and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_rl_refuses_caps_that_cut_the_trajectories(small_world: Path, base_model: Path, tmp_path: Path) -> None:
+    method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
+    with pytest.raises(DataError, match=r"'rl.max_new_tokens'.*of expert 0's SFT trajectories are longer than"):
+        run_rl(tiny_settings(max_truncated_share=0.05), method, base_model, small_world / "data/gsm8k",
+               small_world / "experts/gsm8k", tmp_path, progress=False)  # fmt: skip
+    assert not (tmp_path / "metrics.jsonl").exists()

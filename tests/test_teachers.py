@@ -294,3 +294,16 @@ def test_batch_mode_asks_each_round_once_for_what_is_unfinished(records: list[Re
     teacher = BatchTeacher(_gold(records))
     counts = generate(records, 1, settings, tmp_path / "c.jsonl", teacher=teacher, progress=False)
     assert teacher.rounds == [6, 6] and counts["accepted"] == 6 and counts["rejected"] == 6
+
+
+def test_a_key_echoed_in_a_successful_reply_is_never_written(
+    server: tuple[str, Script], records: list[Record], tmp_path: Path
+) -> None:
+    url, script = server
+    gold = _gold(records)
+    script.plan = lambda q, n: ("ok", gold[q], f"my key is {SECRET}, as you sent it")
+    data = _data(tmp_path, records)
+    build_expert(data, "gsm8k", 1, _settings(url), tmp_path / "experts", tmp_path / "cache", progress=False)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and "data" not in p.parts]
+    assert written and all(SECRET.encode() not in p.read_bytes() for p in written)
+    assert "***" in (tmp_path / "experts/e1.jsonl").read_text()  # the reasoning kept, the key masked

@@ -126,6 +126,17 @@ def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+def test_complementarity_of_three_single_expert_models_adds_their_sft_runs(tmp_path: Path) -> None:
+    reading = tmp_path / "single.yaml"
+    reading.write_text("analysis:\n  complementarity: {source: single_expert}\n")
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(reading))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = _job_counts(dry.stdout)
+    assert counts["sft"] == 2 * 3 * 4  # e0, e1, e2 and the MEF run e0-e1-e2, per model and data set
+    assert counts["complementarity"] == 6
+    assert "sft/qwen2/gsm8k/e2/model" in dry.stdout
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [

@@ -27,8 +27,9 @@ MODES = ("strict", "lenient")
 # --------------------------------------------------------------------------- numbers
 
 _MINUS = "\u2212\u2013"  # unicode minus and en dash, both seen in model outputs
+# `int` may be empty before a fraction: ".5" and "-.25" are numbers as models write them.
 _NUMBER = re.compile(
-    r"(?<![\w.])(?P<sign>-\s?)?\$?\s?(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?(?!\d)"
+    r"(?<![\w.])(?P<sign>-\s?)?\$?\s?(?P<int>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?P<frac>\.\d+)?(?!\d)"
     r"(?:\s*/\s*(?P<den>\d+)(?![\d.]))?"
 )
 
@@ -42,7 +43,7 @@ def _clean_number_text(text: str) -> str:
 
 
 def _match_value(m: re.Match[str]) -> float:
-    value = float(m.group("int").replace(",", "") + (m.group("frac") or ""))
+    value = float((m.group("int").replace(",", "") or "0") + (m.group("frac") or ""))
     if m.group("den"):
         den = int(m.group("den"))
         value = value / den if den else math.nan
@@ -83,7 +84,18 @@ def format_number(value: float) -> str:
 
 
 def numbers_equal(a: float, b: float) -> bool:
+    """Equal up to a relative 1e-6: for values that were rounded on purpose (MathQA option values,
+    non-integer golds written to a few places), never for an integer gold (see `answer_equals`)."""
     return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+def answer_equals(prediction: float, gold: float) -> bool:
+    """An integer gold is compared exactly (1000001 is not 1000000, and GSM8K has golds of
+    192,000,000, where a relative tolerance would accept +-192); a non-integer gold with
+    `numbers_equal`'s tolerance, since it was rounded when written."""
+    if gold == round(gold):
+        return prediction == gold
+    return numbers_equal(prediction, gold)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -135,8 +147,11 @@ def _latex_value(latex: str) -> float | None:
 
 # --------------------------------------------------------------------------- GSM8K
 
-_GSM_STRICT = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE)
+# The tail of a statement ends where the line ends or the next statement of the same kind starts,
+# so "The answer is 12. So the answer is 15." yields two statements and the last one counts.
+_ANSWER_WORDS = r"(?:final answer|answer)\s*(?:is|:|=)"
+_GSM_STRICT = re.compile(r"####\s*((?:(?!####)[^\n])*)")
+_ANSWER_IS = re.compile(_ANSWER_WORDS + r"\s*:?\s*((?:(?!" + _ANSWER_WORDS + r")[^\n])*)", re.IGNORECASE)
 
 
 def _extract_gsm8k(text: str, mode: str) -> str | None:
@@ -307,7 +322,7 @@ def answers_match(prediction: str | None, gold: str, dataset: str) -> bool:
         return False
     if dataset == "gsm8k":
         p, g = parse_number(prediction), parse_number(gold)
-        return p is not None and g is not None and numbers_equal(p, g)
+        return p is not None and g is not None and answer_equals(p, g)
     return prediction.strip().lower() == gold.strip().lower()
 
 

@@ -1,6 +1,7 @@
 """HSFT's hard-example buffer.
 
-An expert that fails a question in more than K of its G rollouts (a failure rate above K/G;
+An expert that fails a question in more than K of its G rollouts (a failure rate above K/G, decided
+exactly on counts;
 paper: K = 6, G = 8) offers (question, expert) to the buffer, which keeps it with probability
 `insert_prob` (paper: K/G = 0.75). At `capacity` (paper: B = 64) the RL loop takes one SFT update
 on the buffer's contents and empties it. Offers made while it is full are dropped. The buffer has
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 
@@ -41,9 +43,15 @@ class HardExampleBuffer:
     def full(self) -> bool:
         return len(self.items) >= self.capacity
 
-    def offer(self, item: HardExample, failure_rate: float) -> bool:
-        """Insert `item` if its failure rate is above the threshold and the coin says so."""
-        if failure_rate <= self.threshold or self.full:
+    def above_threshold(self, failures: int, rollouts: int) -> bool:
+        """failures / rollouts > threshold, decided on exact fractions: the threshold K/G is read as
+        the nearest fraction with a small denominator (0.8333... as 5/6), so a rate exactly equal to
+        K/G never counts as above it, whatever G is."""
+        return Fraction(failures, rollouts) > Fraction(self.threshold).limit_denominator(1000)
+
+    def offer(self, item: HardExample, failures: int, rollouts: int) -> bool:
+        """Insert `item` if it failed in more than threshold x rollouts and the coin says so."""
+        if not self.above_threshold(failures, rollouts) or self.full:
             return False
         if self._rng.random() >= self.insert_prob:
             return False

@@ -1,20 +1,25 @@
 """Checkpoints of an RL run: everything needed to continue as if never interrupted.
 
-A checkpoint is a folder `step-000010/` with `state.pt` (model, optimizer, scheduler, RNG states,
-data position, hard-example buffer, step) and a `COMPLETE` marker written last. It is written
-under a temporary name and renamed; a folder without the marker is never resumed from.
+A checkpoint is a folder `step-000010/` with `state.pt` (model, optimizers, scheduler, RNG states,
+data position, hard-example buffer, step) and a `COMPLETE` marker written last, which holds the
+step and the SHA-256 of `state.pt` (hashed while it is written, so no second read). The folder is
+written under a temporary name and renamed. `latest` verifies the checksum and falls back to the
+newest older checkpoint that verifies, saying which it skipped and why: a file truncated by a full
+disk or a bad copy never blocks a resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-from .io import atomic_write_text
+from .io import DataError, atomic_write_text
 
 
 def rng_state() -> dict[str, Any]:
@@ -31,6 +36,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class _HashingWriter:
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.sha = file, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 def save(folder: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
@@ -38,8 +57,10 @@ def save(folder: str | Path, step: int, state: dict[str, Any], keep: int = 2) ->
     tmp = root / f".step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    atomic_write_text(tmp / "COMPLETE", f"{step}\n")
+    with (tmp / "state.pt").open("wb") as f:
+        writer = _HashingWriter(f)
+        torch.save(state, writer)  # type: ignore[arg-type]
+    atomic_write_text(tmp / "COMPLETE", f"{step}\nsha256 {writer.sha.hexdigest()}\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(p for p in root.glob("step-*") if (p / "COMPLETE").is_file())[:-keep]:
@@ -47,12 +68,42 @@ def save(folder: str | Path, step: int, state: dict[str, Any], keep: int = 2) ->
     return final
 
 
+def problem(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be resumed from, or None when its state.pt verifies."""
+    marker, state = path / "COMPLETE", path / "state.pt"
+    if not marker.is_file():
+        return "no COMPLETE marker (it was being written)"
+    if not state.is_file():
+        return "state.pt is missing"
+    lines = marker.read_text().split()
+    if "sha256" not in lines:
+        return "COMPLETE holds no checksum"
+    want = lines[lines.index("sha256") + 1]
+    sha = hashlib.sha256()
+    with state.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return None if sha.hexdigest() == want else "state.pt does not match its checksum (truncated or damaged)"
+
+
 def latest(folder: str | Path) -> Path | None:
-    """The newest checkpoint with its COMPLETE marker, or None."""
+    """The newest checkpoint that verifies, or None; each one skipped is named on stderr."""
     root = Path(folder)
-    done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
-    return done[-1] if done else None
+    for path in sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []:
+        why = problem(path)
+        if why is None:
+            return path
+        print(f"resume: skipping checkpoint {path}: {why}", file=sys.stderr)
+    return None
+
+
+def step_of(path: str | Path) -> int:
+    """The step a checkpoint folder holds (the first line of its COMPLETE marker)."""
+    return int((Path(path) / "COMPLETE").read_text().split()[0])
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    return dict(torch.load(Path(path) / "state.pt", weights_only=False))
+    try:
+        return dict(torch.load(Path(path) / "state.pt", weights_only=False))
+    except Exception as err:  # torch raises several types for a damaged file
+        raise DataError(f"checkpoint cannot be read ({type(err).__name__}: {err})", Path(path) / "state.pt") from None

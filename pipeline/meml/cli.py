@@ -181,10 +181,13 @@ def cmd_rl(args: argparse.Namespace) -> None:
     sft_dir = Path(args.sft_dir) if args.sft_dir else default_sft
     if not (sft_dir / "config.json").is_file():
         raise DataError("SFT model not found (run `meml sft` for this method first)", sft_dir)
+    from .evaluate import check_checkpoint
+
+    check_checkpoint(sft_dir)  # weights present, and the SFT run that wrote them finished
     out = Path(args.out) if args.out else paths["root"] / "rl" / cell.path
     mlflow_settings = _mlflow_settings(cfg)
     summary = run_rl(
-        method_rl(cfg, args.method),
+        method_rl(cfg, args.method, args.dataset),
         method,
         sft_dir,
         paths["data"],
@@ -265,7 +268,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         block = report["model"]
         metrics = {f"eval/{name}/{m}": e[m] for name, e in block["experts"].items() for m in ("strict", "lenient")}
         if "majority_vote" in block:
-            metrics["eval/majority_vote/lenient"] = block["majority_vote"]["lenient"]
+            for mode in ("strict", "lenient"):
+                metrics[f"eval/majority_vote/{mode}"] = block["majority_vote"][mode]
         log_to_run(cfg["mlflow"], run_id, metrics, [args.out])
     for which in ("model", "base"):
         block = report.get(which)
@@ -293,8 +297,9 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
     k = args.k or settings["samples"]
     title = args.title or f"{args.dataset}: {k} samples per expert, temperature {sampling.temperature}"
+    checkpoints = args.checkpoint.split(",")  # one MEF model, or one single-expert model per expert
     stats = run(
-        args.checkpoint,
+        checkpoints[0] if len(checkpoints) == 1 else checkpoints,
         data_root / args.dataset / f"{args.split or settings['split']}.jsonl",
         experts,
         k,
@@ -304,6 +309,7 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
         prompts=_prompts(cfg),
         limit=args.limit or settings["questions"],
         seed=cfg["seed"],
+        mode=cfg["reward"]["mode"],  # the mode every table scores in
     )
     print(json.dumps({k: v for k, v in stats.items() if k != "patterns"}, indent=1))
 

@@ -30,7 +30,7 @@ from .rollout import HFEngine, Sampling, prompt_ids
 
 
 def sample_correctness(
-    model_dir: str | Path,
+    model_dir: str | Path | Sequence[str | Path],
     data_file: str | Path,
     experts: Sequence[int],
     k: int,
@@ -40,25 +40,38 @@ def sample_correctness(
     limit: int | None = None,
     seed: int = 0,
     batch_size: int = 64,
+    mode: str = "lenient",
 ) -> torch.Tensor:
-    """correct[q, e, j]: whether expert e's j-th sample on question q is right. Shape (Q, E, k)."""
+    """correct[q, e, j]: whether expert e's j-th sample on question q is right. Shape (Q, E, k).
+    `model_dir`: the MEF model, sampled under each expert's prompt (the default reading), or one
+    model per expert (the paper figure's reading: three separately fine-tuned models)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     records = read_records(data_file)[: limit or None]
     for e in experts:
         if not 0 <= e < len(prompts):
             raise DataError(f"unknown expert {e}; this config has experts 0..{len(prompts) - 1}")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, batch_size)
+    models = [model_dir] * len(experts) if isinstance(model_dir, str | Path) else list(model_dir)
+    if len(models) != len(experts):
+        raise DataError(f"{len(models)} models for {len(experts)} experts: give one, or one per expert")
     torch.manual_seed(seed)
     correct = torch.zeros(len(records), len(experts), k, dtype=torch.bool)
     from tqdm import tqdm
 
+    loaded: tuple[Any, Any, Any] | None = None
     for i, e in enumerate(tqdm(experts, desc=f"sampling {k} per question and expert", unit="expert")):
+        if loaded is None or loaded[0] != models[i]:
+            tokenizer = AutoTokenizer.from_pretrained(models[i])
+            loaded = (
+                models[i],
+                tokenizer,
+                HFEngine(AutoModelForCausalLM.from_pretrained(models[i]), tokenizer, batch_size),
+            )
+        _, tokenizer, engine = loaded
         outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in records], k, sampling)
         for q, (record, samples) in enumerate(zip(records, outs, strict=True)):
             for j, c in enumerate(samples):
-                correct[q, i, j] = is_correct(c.text, record.dataset, record.answer, "lenient", record.options)
+                correct[q, i, j] = is_correct(c.text, record.dataset, record.answer, mode, record.options)
     return correct
 
 
@@ -139,7 +152,7 @@ def plot(stats: dict[str, Any], title: str, out_stem: str | Path) -> list[Path]:
 
 
 def run(
-    model_dir: str | Path,
+    model_dir: str | Path | Sequence[str | Path],
     data_file: str | Path,
     experts: Sequence[int],
     k: int,

@@ -9,9 +9,9 @@ lenient accuracy, every question's response and predictions per expert (lm-eval'
 samples), the accuracy recomputed by calling the checker directly on the same responses (they
 must agree), and the majority vote over the experts.
 
-Majority vote (lenient predictions): invalid answers do not vote; the answer with the most votes
-wins; a tie goes to the tied answer given by the lowest-numbered expert; no valid answer at all
-counts as wrong.
+Majority vote (in each checker mode, of that mode's predictions): invalid answers do not vote;
+the answer with the most votes wins; a tie goes to the tied answer given by the lowest-numbered
+expert; no valid answer at all counts as wrong.
 
 Everything that can be checked is checked before any generation: the checkpoint (present, with
 weights, and not an unfinished run), the data file, the chat template, the experts.
@@ -28,9 +28,10 @@ from typing import Any
 
 from .answers import answers_match, extract
 from .experts import DEFAULT_PROMPTS
-from .io import DataError, atomic_write_json
-from .lm_tasks import task_name, write_tasks
+from .io import DataError, atomic_write_json, locked
+from .lm_tasks import MAX_GEN_TOKS, task_name, write_tasks
 from .records import read_records
+from .stops import stop_tokens
 
 BACKENDS = ("hf", "vllm")
 TIE_RULE = "invalid answers do not vote; most votes wins; a tie goes to the lowest-numbered expert's answer"
@@ -50,12 +51,23 @@ def check_checkpoint(path: str | Path) -> Path:
     return folder
 
 
-def check_chat_template(path: Path) -> None:
+def check_chat_template(path: Path) -> Any:
+    """The model's tokenizer, which must have a chat template (the experts' prompts are system messages)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("the model's tokenizer has no chat template; expert prompts need one", path)
+    return tokenizer
+
+
+def generation_overrides(tokenizer: Any, max_new_tokens: int | None) -> dict[str, Any]:
+    """What evaluation changes in the tasks' generation settings: stop where the model's turn ends
+    (stops.py: the same tokens the RL engines stop on), and the run's length cap."""
+    out: dict[str, Any] = {"until": list(stop_tokens(tokenizer).texts)}
+    if max_new_tokens:
+        out["max_gen_toks"] = max_new_tokens
+    return out
 
 
 def majority_vote(predictions: Sequence[str | None]) -> str | None:
@@ -108,7 +120,9 @@ def evaluate_model(
         if not 0 <= k < len(prompts):
             raise DataError(f"unknown expert {k}; this config has experts 0..{len(prompts) - 1}")
     records = read_records(Path(data_root) / dataset / "test.jsonl", dataset)[: limit or None]
-    check_chat_template(folder)
+    tokenizer = check_chat_template(folder)
+    overrides = generation_overrides(tokenizer, max_new_tokens)
+    cap = max_new_tokens or MAX_GEN_TOKS[dataset]
     by_id = {r.id: r for r in records}
     model = _make_model(folder, backend, batch_size, device, dtype or ("float32" if device == "cpu" else "bfloat16"))
     out: dict[str, Any] = {
@@ -135,13 +149,13 @@ def evaluate_model(
                 apply_chat_template=True,
                 log_samples=True,
                 metadata=metadata,
-                gen_kwargs={"max_gen_toks": max_new_tokens} if max_new_tokens else None,
+                gen_kwargs=overrides,
                 bootstrap_iters=0,
             )
             seconds = time.time() - started
             assert result is not None
             scores = result["results"][name]
-            direct = []
+            direct, finished = [], []
             for sample in result["samples"][name]:
                 if sample["filter"] != "lenient":
                     continue
@@ -152,6 +166,8 @@ def evaluate_model(
                 lenient = extract(response, dataset, "lenient", record.options)
                 ok = answers_match(lenient, record.answer, dataset)
                 direct.append(ok)
+                # finished: shorter than the cap when re-tokenised (lm-eval returns text, not tokens)
+                finished.append(len(tokenizer(response, add_special_tokens=False)["input_ids"]) < cap)
                 per_question[record.id][f"e{k}"] = {
                     "response": response,
                     "strict": strict,
@@ -163,24 +179,24 @@ def evaluate_model(
                 "strict": scores["accuracy,strict"],
                 "lenient": scores["accuracy,lenient"],
                 "lenient_by_checker": sum(direct) / len(direct),
+                "finished": sum(finished) / len(finished),
                 "seconds": round(seconds, 2),
                 "seconds_per_100_questions": round(100 * seconds / len(records), 2),
             }
-    if len(experts) > 1:
-        correct = 0
-        for q in per_question.values():
-            vote = majority_vote([q[f"e{k}"]["lenient"] for k in experts])
-            q["majority_vote"] = vote
-            correct += answers_match(vote, q["gold"], dataset)
-        out["majority_vote"] = {
-            "experts": [int(k) for k in experts],
-            "lenient": correct / len(records),
-            "tie_rule": TIE_RULE,
-        }
+    if len(experts) > 1:  # the vote in both checker modes: each table scores in the config's mode
+        out["majority_vote"] = {"experts": [int(k) for k in experts], "tie_rule": TIE_RULE}
+        for mode in ("strict", "lenient"):
+            correct = 0
+            for q in per_question.values():
+                vote = majority_vote([q[f"e{k}"][mode] for k in experts])
+                q[f"majority_vote_{mode}"] = vote
+                correct += answers_match(vote, q["gold"], dataset)
+            out["majority_vote"][mode] = correct / len(records)
     out["samples"] = list(per_question.values())
     return out
 
 
+@locked("out_json", folder=False)  # one writer of an evaluation file
 def evaluate(
     checkpoint: str | Path,
     dataset: str,

@@ -67,9 +67,16 @@ def write_trajectories(path: str | Path, expert: int, items: list[tuple[Record, 
     return atomic_write_jsonl(path, rows)
 
 
-def read_trajectories(path: str | Path, records_by_id: dict[str, Record]) -> list[tuple[Record, int, str]]:
-    """(record, expert, completion) triples; unknown ids and missing fields name the file and line."""
+def read_trajectories(
+    path: str | Path, records_by_id: dict[str, Record], as_sft_data: bool = True
+) -> list[tuple[Record, int, str]]:
+    """(record, expert, completion) triples; unknown ids and missing fields name the file and line.
+    As SFT data (experts/<ds>/e<k>.jsonl) a question given twice and a trajectory whose answer the
+    checker rejects are refused too; a bring-your-own teacher file may hold several tries."""
+    from .answers import is_correct
+
     out = []
+    seen: dict[str, int] = {}
     for line, row in read_jsonl(path):
         for field in ("id", "expert", "completion"):
             if field not in row:
@@ -80,7 +87,18 @@ def read_trajectories(path: str | Path, records_by_id: dict[str, Record]) -> lis
             raise DataError(f"expert must be an integer, got {row['expert']!r}", path, line, "expert")
         if not isinstance(row["completion"], str) or not row["completion"].strip():
             raise DataError("completion must be a non-empty string", path, line, "completion")
-        out.append((records_by_id[row["id"]], row["expert"], row["completion"]))
+        if as_sft_data and row["id"] in seen:
+            raise DataError(f"question {row['id']!r} appears twice (first on line {seen[row['id']]})", path, line, "id")
+        seen[row["id"]] = line
+        record = records_by_id[row["id"]]
+        if as_sft_data and not is_correct(row["completion"], record.dataset, record.answer, "lenient", record.options):
+            raise DataError(
+                f"the answer checker rejects this trajectory (gold: {record.answer!r}); SFT data must be correct",
+                path,
+                line,
+                "completion",
+            )
+        out.append((record, row["expert"], row["completion"]))
     return out
 
 

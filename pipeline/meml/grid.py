@@ -34,6 +34,28 @@ class Cell:
         return f"{self.model}/{self.dataset}/{self.method}/seed{self.seed}"
 
 
+def rollouts_per_expert(group_size: int, n_experts: int, spread: str, method: str = "<method>") -> list[int]:
+    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each.
+    A split that leaves an expert one rollout is refused: a subgroup of one always has advantage 0,
+    so that expert would get no GRPO gradient at all (8 over 5 experts is 2/2/2/1/1)."""
+    if spread == "per_expert":
+        counts = [group_size] * n_experts
+    elif spread == "split":
+        counts = [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
+    else:
+        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert", None, None, "rl.spread")
+    if min(counts) < 2:
+        raise DataError(
+            f"rl.group_size {group_size} split among {n_experts} experts gives rollouts {counts}: an expert with "
+            f"fewer than 2 rollouts never gets an advantage; raise rl.group_size to {2 * n_experts} or more, "
+            f"set rl.spread: per_expert, or use fewer methods.{method}.rl_experts",
+            None,
+            None,
+            "rl.group_size",
+        )
+    return counts
+
+
 def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
     """The name of an SFT run by the experts whose trajectories it trains on: e0-e1-e2."""
     return "-".join(f"e{k}" for k in sorted(experts))
@@ -84,9 +106,21 @@ def tables_of(cfg: dict[str, Any], method: str) -> list[str]:
     return list(cfg["methods"][method].get("tables") or ["main"])
 
 
+PAPER_EXPERTS = (0, 1, 2)
+
+
+def complementarity_sft_variants(cfg: dict[str, Any]) -> list[str]:
+    """The SFT runs the complementarity analysis samples: the MEF model (`source: mef`, one run for
+    the three experts) or one single-expert model per expert (`single_expert`)."""
+    if cfg["analysis"]["complementarity"]["source"] == "single_expert":
+        return [sft_variant([k]) for k in PAPER_EXPERTS]
+    return [sft_variant(PAPER_EXPERTS)]
+
+
 def sft_variants(cfg: dict[str, Any]) -> list[str]:
-    """The MEF runs the grid's methods need (methods sharing SFT data share the run)."""
-    return sorted({sft_variant(cfg["methods"][m]["sft_experts"]) for m in used_methods(cfg)})
+    """The SFT runs the grid's methods and the complementarity analysis need (shared where the data is)."""
+    needed = {sft_variant(cfg["methods"][m]["sft_experts"]) for m in used_methods(cfg)}
+    return sorted(needed | set(complementarity_sft_variants(cfg)))
 
 
 def tiny_arch(cfg: dict[str, Any], model: str) -> str | None:
@@ -100,11 +134,12 @@ def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     return [m for m in models(cfg) if chosen is None or m in chosen]
 
 
-def method_rl(cfg: dict[str, Any], method: str) -> dict[str, Any]:
-    """The RL settings a method runs with: `rl`, with the method's own `rl` overrides laid over it."""
+def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> dict[str, Any]:
+    """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
+    entry, then the method's own `rl` overrides, each laid over the one before."""
     from .config import deep_merge
 
-    return deep_merge(cfg["rl"], cfg["methods"][method].get("rl") or {})
+    return deep_merge(deep_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})
 
 
 def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
@@ -117,7 +152,7 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "method": cell.method,
         "switches": switches(cfg, cell.method),
         "seed": cell.seed,
-        "rl": method_rl(cfg, cell.method),
+        "rl": method_rl(cfg, cell.method, cell.dataset),
         "sft": cfg["sft"],
         "reward": cfg["reward"],
         "prompts": cfg["experts"].get("prompts"),
@@ -177,9 +212,41 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
         from .teachers import settings_for
 
         for k in range(1, n_prompts):
-            settings_for(cfg, k)  # every expert above 0 needs a teacher
+            teacher = settings_for(cfg, k)  # every expert above 0 needs a teacher
+            writes = teacher["backend"] != "jsonl" and int(teacher.get("max_tokens") or 0)
+            if writes and writes > int(cfg["sft"]["max_length"]):
+                raise DataError(
+                    f"a teacher may write {teacher['max_tokens']} tokens but SFT keeps {cfg['sft']['max_length']} "
+                    "(sft.max_length): the longest trajectories would lose their answer line",
+                    None,
+                    None,
+                    f"teachers.e{k}.max_tokens",
+                )
+    check_lengths(cfg)
     for name in used_methods(cfg):
         check_method(cfg, name, n_prompts)
+
+
+def check_lengths(cfg: dict[str, Any]) -> None:
+    """Evaluation must let an answer run as long as RL does, on every data set."""
+    cap = cfg["eval"]["max_new_tokens"]
+    for ds in [None, *cfg["grid"]["datasets"]]:
+        rl_cap = int(deep_rl(cfg, ds)["max_new_tokens"])
+        if cap is not None and int(cap) < rl_cap:
+            raise DataError(
+                f"evaluation stops at {cap} tokens but RL{f' on {ds}' if ds else ''} samples {rl_cap}: "
+                "answers the model learnt to write would be cut at evaluation",
+                None,
+                None,
+                "eval.max_new_tokens",
+            )
+
+
+def deep_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
+    from .config import deep_merge
+
+    return deep_merge(cfg["rl"], ((cfg.get("rl_by_dataset") or {}).get(dataset) or {}) if dataset else {})
 
 
 def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
@@ -196,6 +263,13 @@ def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
                 f"methods.{name}.{key}",
             )
     _check_rl_override(cfg, name)
+    for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
+        rl = method_rl(cfg, name, dataset)
+        rollouts_per_expert(int(rl["group_size"]), len(entry["rl_experts"]), rl["spread"], name)
+        if rl.get("engine") == "vllm" and cfg["device"] != "cuda":
+            raise DataError(
+                "the vLLM engine runs on a GPU only: set device: cuda, or rl.engine: hf", None, None, "rl.engine"
+            )
     if set(tables_of(cfg, name)) & {"main", "ablation", *EXTRA_TABLES} and headline not in eval_experts(cfg, name):
         raise DataError(
             f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",
@@ -216,9 +290,11 @@ def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
 
     from .config import SCHEMA_PATH
 
-    if not cfg["methods"][name].get("rl"):
-        return
     schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["rl"]
-    for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name)):
-        key = ".".join([f"methods.{name}.rl", *(str(p) for p in err.path)])
-        raise DataError(f"invalid RL override: {err.message}", None, None, key)
+    for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
+        where = f"methods.{name}.rl" if cfg["methods"][name].get("rl") else f"rl_by_dataset.{dataset}"
+        if dataset is None and not cfg["methods"][name].get("rl"):
+            continue
+        for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name, dataset)):
+            key = ".".join([where, *(str(p) for p in err.path)])
+            raise DataError(f"invalid RL override: {err.message}", None, None, key)

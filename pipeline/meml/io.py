@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DataError(ValueError):
@@ -88,8 +90,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]
     if not p.is_file():
         raise DataError("file not found", p)
     rows: list[tuple[int, dict[str, Any]]] = []
-    with p.open(encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
+    with p.open("rb") as handle:
+        for number, data in enumerate(handle, start=1):
+            raw = _utf8(data, p, number)
             if not raw.strip():
                 continue
             try:
@@ -104,14 +107,76 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]
     return rows
 
 
+def _utf8(data: bytes, path: Path, line: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"not UTF-8 (byte {data[err.start]:#04x} at column {err.start + 1})", path, line) from None
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if not p.is_file():
         raise DataError("file not found", p)
-    text = p.read_text(encoding="utf-8")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"not UTF-8 (byte {data[err.start]:#04x})", p, data[: err.start].count(b"\n") + 1) from None
     if not text.strip():
         raise DataError("file is empty", p)
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"not valid JSON ({err.msg})", p, err.lineno) from None
+
+
+@contextmanager
+def run_lock(target: str | os.PathLike[str], folder: bool = True) -> Iterator[None]:
+    """Hold `<folder>/.lock` (or `<file>.lock` beside a file) for as long as the block runs; the
+    OS releases it when the process dies, so a killed job never leaves a stale lock. A second
+    process that asks for it is refused at once with the holder's pid: two writers of one run
+    folder would overwrite each other's metrics and checkpoints."""
+    import fcntl
+
+    path = Path(target)
+    lock = path / ".lock" if folder else path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DataError(
+            f"another process (pid {holder}) is writing here; wait for it to finish or stop it", path
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def locked(out_arg: str, folder: bool = True) -> Callable[[F], F]:
+    """Run the decorated stage under `run_lock` of its output (the argument named `out_arg`, a
+    folder or a file). Under `accelerate launch` only the main process (RANK 0) writes, so only it
+    takes the lock."""
+    import functools
+    import inspect
+
+    def wrap(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if int(os.environ.get("RANK", "0")) != 0:
+                return fn(*args, **kwargs)
+            with run_lock(signature.bind(*args, **kwargs).arguments[out_arg], folder):
+                return fn(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap

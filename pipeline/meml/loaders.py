@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,14 @@ def normalise_gsm8k(
     """rows: (line number, row). `source` names the file in errors; `label` goes into each record."""
     label = label or source
     records = []
+    first_seen: dict[str, list[int | str]] = {}
     for index, (line, row) in enumerate(rows):
         for field in ("question", "answer"):
             if not isinstance(row.get(field), str) or not row[field].strip():
                 raise DataError("missing or empty field", source, line, field)
         gold = gsm8k_gold(row["answer"], source, line)
         rationale = re.sub(r"<<.*?>>", "", row["answer"]).strip()  # calculator notes are not prose
+        first_seen.setdefault(row["question"].strip(), []).append(line)
         records.append(
             Record(
                 f"gsm8k-{split}-{index:05d}",
@@ -69,6 +72,15 @@ def normalise_gsm8k(
                 None,
                 f"{label}#{index}",
             )
+        )
+    repeated = {q: lines for q, lines in first_seen.items() if len(lines) > 1}
+    if repeated:  # kept (ids follow the file), but said: a duplicate weighs twice in training
+        extra = sum(len(lines) - 1 for lines in repeated.values())
+        example = next(iter(repeated.values()))
+        print(
+            f"{source}: {len(repeated)} question(s) appear more than once ({extra} extra row(s); "
+            f"e.g. lines {', '.join(map(str, example))})",
+            file=sys.stderr,
         )
     return records
 
@@ -254,6 +266,12 @@ def load_local(dataset: str, folder: str | Path, strategyqa_test_size: int = STR
             official = [root / "task.json"]  # BIG-bench copy of the same 2290 questions
         rows = [(i, row, str(path), path.name) for path in official for i, row in _json_array(path)]
         return normalise_strategyqa(rows, strategyqa_test_size)
+    if list(root.glob("*.parquet")) or list(root.glob("*/*.parquet")):  # the hub parquet conversion, downloaded
+        train_files = _parquet_files(root, "train") or _parquet_files(root, "validation")
+        source_split = "train" if _parquet_files(root, "train") else "validation"
+        test_files = _parquet_files(root, "test")
+        out = normalise_mathqa(_parquet_rows(train_files), "train", str(train_files[0]), source_split)
+        return out + normalise_mathqa(_parquet_rows(test_files), "test", str(test_files[0]), "test")
     train = root / "train.json"
     source_split = "train"
     if not train.is_file():
@@ -261,6 +279,28 @@ def load_local(dataset: str, folder: str | Path, strategyqa_test_size: int = STR
     out = normalise_mathqa(_json_array(train), "train", str(train), source_split, train.name)
     test = root / "test.json"
     return out + normalise_mathqa(_json_array(test), "test", str(test), "test", test.name)
+
+
+def _parquet_files(root: Path, split: str) -> list[Path]:
+    """`<split>.parquet`, or the hub's shards `<split>-00000-of-00001.parquet` (also in a split folder)."""
+    return sorted(
+        {*root.glob(f"{split}.parquet"), *root.glob(f"{split}-*.parquet"), *root.glob(f"*/{split}-*.parquet")}
+    )
+
+
+def _parquet_rows(paths: list[Path]) -> list[tuple[int, dict[str, Any]]]:
+    import pandas as pd
+
+    if not paths:
+        raise DataError("no parquet file for this split (expected <split>.parquet or <split>-*.parquet)")
+    rows = []
+    for path in paths:
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as err:  # pyarrow raises several types for a damaged file
+            raise DataError(f"not a readable parquet file ({err})", path) from None
+        rows += frame.to_dict("records")
+    return list(enumerate(rows))
 
 
 HubLoader = Callable[..., Any]
@@ -272,6 +312,7 @@ def load_hub(
     hub_config: str | None = None,
     strategyqa_test_size: int = STRATEGYQA_TEST_SIZE,
     load_dataset: HubLoader | None = None,
+    revision: str | None = None,
 ) -> list[Record]:
     """Load by hub id through `datasets.load_dataset` (injectable for tests, which never touch a hub)."""
     check_dataset_name(dataset)
@@ -282,7 +323,8 @@ def load_hub(
     defaults = HUB_DEFAULTS[dataset]
     hub_id = hub_id or defaults["hub_id"]
     hub_config = hub_config if hub_config is not None else defaults["hub_config"]
-    splits = load_dataset(hub_id, hub_config) if hub_config else load_dataset(hub_id)
+    extra = {"revision": revision} if revision else {}
+    splits = load_dataset(hub_id, hub_config, **extra) if hub_config else load_dataset(hub_id, **extra)
 
     def rows(split: str) -> list[tuple[int, dict[str, Any]]]:
         return [(i, dict(row)) for i, row in enumerate(splits[split])]  # i: the row's index in the hub split
@@ -305,4 +347,6 @@ def load_real(dataset: str, settings: dict[str, Any]) -> list[Record]:
     test_size = int(settings.get("test_size") or STRATEGYQA_TEST_SIZE)
     if settings.get("local"):
         return load_local(dataset, settings["local"], test_size)
-    return load_hub(dataset, settings.get("hub_id"), settings.get("hub_config"), test_size)
+    return load_hub(
+        dataset, settings.get("hub_id"), settings.get("hub_config"), test_size, revision=settings.get("hub_revision")
+    )

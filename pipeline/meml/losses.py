@@ -7,7 +7,9 @@ real ones), N = flattened sequences, T = completion tokens (padded, `mask` marks
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -18,21 +20,26 @@ ADVANTAGES = ("grpo", "drgrpo")
 def subgroup_advantages(rewards: Tensor, valid: Tensor, kind: str) -> Tensor:
     """Advantage of every rollout within its (question, expert) subgroup. rewards, valid: (Q, E, R).
 
-    grpo:   A = (r - mean) / std  (std unbiased, as torch.std); a subgroup whose rewards are all
-            equal, or that has one rollout, gets A = 0 (never NaN or inf)
+    grpo:   A = (r - mean) / std  (std unbiased, as torch.std)
     drgrpo: A = r - mean          (no division by the std)
+    A subgroup whose rewards are all equal, or that has one rollout, gets A = 0 exactly, for both.
+    "All equal" is decided on the rewards themselves (max == min), never on a rounded mean or std:
+    in float32 the mean of eight rewards of 1.2 is not 1.2, and (r - mean) / std of such a group
+    comes out near +-0.9 instead of 0.
     """
     if kind not in ADVANTAGES:
         raise ValueError(f"unknown advantage '{kind}'; known: {', '.join(ADVANTAGES)}")
     valid_f = valid.to(rewards.dtype)
     n = valid_f.sum(-1, keepdim=True)
+    high = rewards.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True)
+    low = rewards.masked_fill(~valid, float("inf")).amin(-1, keepdim=True)
+    flat = (high == low) | (n < 2)  # (Q, E, 1): no spread, no signal
     mean = (rewards * valid_f).sum(-1, keepdim=True) / n.clamp(min=1)
-    centered = (rewards - mean) * valid_f
+    centered = torch.where(flat, torch.zeros_like(rewards), (rewards - mean) * valid_f)
     if kind == "drgrpo":
         return centered
     std = ((centered**2).sum(-1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
-    safe = std > 1e-8
-    return torch.where(safe, centered / torch.where(safe, std, torch.ones_like(std)), torch.zeros_like(centered))
+    return torch.where(flat, torch.zeros_like(centered), centered / torch.where(flat, torch.ones_like(std), std))
 
 
 @dataclass
@@ -90,17 +97,36 @@ class IMLPair:
     rollout: int  # index of O+ among the best expert's rollouts
 
 
-def iml_pairs(rewards: Tensor, correct: Tensor, valid: Tensor) -> list[IMLPair]:
-    """Per question: best and worst expert by mean reward; O+ = the best expert's first correct
-    rollout. A pair only when the best expert has a correct rollout and beats the worst."""
-    valid_f = valid.to(rewards.dtype)
-    means = (rewards * valid_f).sum(-1) / valid_f.sum(-1).clamp(min=1)  # (Q, E)
-    pairs = []
+def _exact_means(rewards: Tensor, valid: Tensor) -> list[list[Fraction]]:
+    """Mean reward of every (question, expert) subgroup as an exact fraction of the float32 rewards:
+    two experts with the same rewards in another order must tie, which rounded float means do not."""
+    out = []
     for q in range(rewards.shape[0]):
-        best = int(torch.argmax(means[q]))
-        worst = int(torch.argmin(means[q]))
+        row = []
+        for e in range(rewards.shape[1]):
+            pairs = zip(rewards[q, e].tolist(), valid[q, e].tolist(), strict=True)
+            values = [Fraction(float(v)) for v, ok in pairs if ok]
+            row.append(sum(values, Fraction(0)) / len(values) if values else Fraction(0))
+        out.append(row)
+    return out
+
+
+def iml_pairs(rewards: Tensor, correct: Tensor, valid: Tensor, rng: random.Random | None = None) -> list[IMLPair]:
+    """Per question: best and worst expert by mean reward (compared exactly); O+ = the best expert's
+    first correct rollout. A pair only when the best expert has a correct rollout and beats the
+    worst. Ties for best or worst are broken by `rng` (the run passes one seeded by seed and step,
+    so resuming draws the same); without it, by the lowest expert index."""
+    pairs = []
+    for q, means in enumerate(_exact_means(rewards, valid)):
+        top, bottom = max(means), min(means)
+        if top == bottom:
+            continue
+        tied_best = [e for e, m in enumerate(means) if m == top]
+        tied_worst = [e for e, m in enumerate(means) if m == bottom]
+        best = rng.choice(tied_best) if rng else tied_best[0]
+        worst = rng.choice(tied_worst) if rng else tied_worst[0]
         good = (correct[q, best] & valid[q, best]).nonzero().flatten()
-        if means[q, best] > means[q, worst] and len(good):
+        if len(good):
             pairs.append(IMLPair(q, best, worst, int(good[0])))
     return pairs
 

@@ -101,7 +101,14 @@ def timed_steps(
     from .rl import Method, run_rl
 
     precision = of_config(cfg)
-    settings = {**method_rl(cfg, method), **changes, "steps": steps, "checkpoint_every": steps}
+    # a throughput probe on a random-weight model: its length cap is a choice, not a truncation risk
+    settings = {
+        **method_rl(cfg, method),
+        "max_truncated_share": 1.0,
+        **changes,
+        "steps": steps,
+        "checkpoint_every": steps,
+    }
     if precision.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     started = time.time()

@@ -9,7 +9,6 @@ and writes report/<profile>/{tables/<name>.{md,tex}, figures/*.{png,pdf}, index.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 from pathlib import Path
@@ -21,6 +20,7 @@ from . import grid
 from .experts import prompts_of
 from .io import DataError, atomic_write_text, read_json
 from .tables import MISSING, Table, fmt, fmt_diff, ours_paper_diff, to_latex, to_markdown
+from .tracking import read_metrics
 
 DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
 TOY_NOTE = (
@@ -59,7 +59,18 @@ class Results:
         ]
 
     def vote(self, model: str, ds: str, method: str) -> list[float]:
-        return [100 * e["majority_vote"]["lenient"] for e in self.evals[(model, ds, method)] if "majority_vote" in e]
+        """Per-seed vote accuracy in %, in the same checker mode as every other cell of the report."""
+        return [100 * e["majority_vote"][self.metric] for e in self.evals[(model, ds, method)] if "majority_vote" in e]
+
+    def finished(self, expert: str | None = None) -> list[tuple[float, str]]:
+        """(share of answers that ended within the token cap, cell) of one expert in every cell."""
+        expert = expert or self.headline
+        return [
+            (e["experts"][expert]["finished"], f"{model}/{ds}/{method}")
+            for (model, ds, method), runs in self.evals.items()
+            for e in runs
+            if "finished" in e["experts"].get(expert, {})
+        ]
 
     def per_seed(self, models: list[str], datasets: list[str], method: str, get: Any = None) -> list[float]:
         """Per-seed mean over the given models and data sets of the headline accuracy (or of
@@ -77,7 +88,7 @@ class Results:
         cell = grid.Cell(model, ds, method, seed)
         if cell not in self._steps:
             path = self.root / "rl" / cell.path / "metrics.jsonl"
-            self._steps[cell] = [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+            self._steps[cell] = read_metrics(path)  # a damaged file names its line
         return self._steps[cell]
 
     def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
@@ -130,7 +141,16 @@ def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any])
             ref_avg = statistics.fmean(ref_values) if ref and None not in ref_values else None  # type: ignore[arg-type]
             cells += ours_paper_diff(results.average(model, method), ref_avg)
             table.add([model_label(cfg, model), method], cells)
-    table.notes = _notes(cfg, results, ["Paper avg: the mean of the paper's values over the data sets shown."])
+    notes = ["Paper avg: the mean of the paper's values over the data sets shown."]
+    finished = results.finished()
+    if finished:
+        low, where = min(finished)
+        mean = 100 * statistics.fmean(f for f, _ in finished)
+        notes.append(
+            f"Answers of expert {h} that ended within the token cap: mean {mean:.1f}%, "
+            f"lowest {100 * low:.1f}% ({where}); a cut answer usually scores 0."
+        )
+    table.notes = _notes(cfg, results, notes)
     return table
 
 
@@ -152,13 +172,35 @@ def ablation_table(cfg: dict[str, Any], results: Results, reference: dict[str, A
         )
         cells: list[str] = []
         for model in models:
-            cells += ours_paper_diff(results.average(model, method), ref_row.get(cfg["models"][model]["paper_name"]))
+            paper_name = cfg["models"][model]["paper_name"]
+            ours, paper, diff = ours_paper_diff(results.average(model, method), ref_row.get(paper_name))
+            main = _main_reference_average(cfg, reference, paper_name, method)
+            if main is not None and ref_row.get(paper_name) is not None and round(main, 1) != ref_row[paper_name]:
+                paper = f"{paper} (main: {main:.1f})"  # the paper's two tables disagree for this method
+            cells += [ours, paper, diff]
         marks = ["x" if flags[k] else "-" for k in ("moe", "hsft", "iml")]
         table.add([*marks, method], cells)
     table.notes = _notes(
-        cfg, results, ["Rows are matched to the paper's by their switches (MoE: SFT on several experts)."]
+        cfg,
+        results,
+        [
+            "Rows are matched to the paper's by their switches (MoE: SFT on several experts).",
+            "Where the paper's main table gives another average for the same method (e.g. Expert1-SFT-GRPO on "
+            "Qwen: 70.1 here, 69.1 there), both are shown as 'ablation (main: x)'; diff is against the ablation value.",
+        ],
     )
     return table
+
+
+def _main_reference_average(
+    cfg: dict[str, Any], reference: dict[str, Any], paper_name: str, method: str
+) -> float | None:
+    """The paper's main-table average of a method, when this grid covers every data set it averages."""
+    values = reference.get("main", {}).get(paper_name, {}).get(method, {})
+    datasets = list(DATASET_TITLES)
+    if set(cfg["grid"]["datasets"]) != set(datasets) or any(values.get(ds) is None for ds in datasets):
+        return None
+    return statistics.fmean(values[ds] for ds in datasets)
 
 
 def vote_table(cfg: dict[str, Any], results: Results) -> Table:

@@ -33,8 +33,10 @@ rollout engine's weights are synced and checked (rollout.check_synced). Precisio
 from __future__ import annotations
 
 import json
-import shutil
+import math
+import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +51,15 @@ from .buffer import HardExample, HardExampleBuffer
 from .distributed import Dist
 from .engines import make_engine
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
-from .io import DataError, atomic_write_json
+from .grid import rollouts_per_expert
+from .io import DataError, atomic_write_json, locked
+from .lengths import check_fits, over_cap_shares
 from .losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from .precision import Precision, resolve
 from .records import Record, read_records
 from .rollout import Completion, RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
-from .tracking import Tracker
+from .stops import stop_tokens, target_ids
+from .tracking import Tracker, read_metrics
 
 
 @dataclass(frozen=True)
@@ -78,17 +83,6 @@ class Method:
             bool(switches["hsft"]),
             int(switches.get("dynamic_sampling") or 0),
         )
-
-
-def rollouts_per_expert(group_size: int, n_experts: int, spread: str) -> list[int]:
-    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each."""
-    if spread == "per_expert":
-        return [group_size] * n_experts
-    if spread != "split":
-        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert")
-    if group_size < n_experts:
-        raise DataError(f"group size {group_size} cannot be split among {n_experts} experts")
-    return [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
 
 
 class QuestionOrder:
@@ -208,6 +202,7 @@ def completion_logprobs(
     return logp * mask.to(device), mask.to(device), entropy
 
 
+@locked("out_dir")  # one writer per run folder
 def run_rl(
     settings: dict[str, Any],
     method: Method,
@@ -231,9 +226,12 @@ def run_rl(
 ) -> dict[str, Any]:
     """Train `model_dir` with RL; writes out_dir/{cell.json, metrics.jsonl, model/, DONE}.
 
-    Resumes from the last complete checkpoint in out_dir/checkpoints, but only when `params` (the
-    values that define the run, kept in cell.json) are unchanged: otherwise the old checkpoints and
-    metrics belong to another experiment and are removed. Under `accelerate launch` each process
+    Resumes from the newest checkpoint in out_dir/checkpoints that verifies, but only when `params`
+    (the values that define the run, kept in cell.json) are unchanged: otherwise the old files
+    belong to another experiment and are moved into out_dir/previous/ once the new run has been
+    set up and checked (a rerun that fails never costs the finished run). A finished run whose
+    DONE was removed (`snakemake --forcerun`) is trained again, not resumed at its last step. One
+    process at a time may write the folder (io.run_lock). Under `accelerate launch` each process
     trains a replica on its share of the questions (distributed.py); one process runs alone
     otherwise. `stop_after` simulates a kill (tests)."""
     from tqdm import tqdm
@@ -244,15 +242,7 @@ def run_rl(
     out = Path(out_dir)
     if _same_params(out, params) and (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
-    if dist.is_main:
-        if not _same_params(out, params):
-            for stale in ("checkpoints", "model"):
-                shutil.rmtree(out / stale, ignore_errors=True)
-            for stale in ("metrics.jsonl", "DONE", "mlflow_run_id"):
-                (out / stale).unlink(missing_ok=True)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "cell.json", params or {})
-    dist.barrier()
+    # everything that can fail is set up and checked before an old run in the folder is touched
     s = settings
     Q, G = int(s["questions_per_step"]), int(s["group_size"])
     experts = list(method.rl_experts)
@@ -276,17 +266,37 @@ def run_rl(
         reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.torch_dtype())
         reference.to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["lr"]), weight_decay=0.0)
+    # HSFT's reading (rl.buffer.update): `joint` adds lambda_sft * L_SFT to the RL step's loss;
+    # `separate` takes its own optimiser step on the drained batch at rl.buffer.sft_lr
+    hsft_update = s["buffer"]["update"]
+    sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["buffer"]["sft_lr"]), weight_decay=0.0)
     warmup = max(1, int(s.get("warmup_steps", 0)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
     engine = engine or make_engine(s.get("engine", "hf"), policy, model_dir, tokenizer, s, precision, seed, dist.rank)
     records = read_records(Path(data_dir) / "train.jsonl")
     by_id = {r.id: r for r in records}
+    over_cap = over_cap_shares(tokenizer, experts_dir, experts, by_id, int(s["max_new_tokens"]))
+    check_fits(over_cap, int(s["max_new_tokens"]), float(s["max_truncated_share"]), experts_dir)
     solutions = _hsft_solutions(s["buffer"]["solution"], records, experts_dir)
     buf = HardExampleBuffer(
         int(s["buffer"]["capacity"]), float(s["buffer"]["threshold"]), float(s["buffer"]["insert_prob"]), seed
     )
     order = QuestionOrder(len(records), seed)  # the same order in every process
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    stops, pad = stop_tokens(tokenizer), tokenizer.pad_token_id  # a turn ends with stops.end_of_turn
+    # the RL budget: rl.steps, or rl.epochs passes over this data set's training questions
+    steps = int(s["steps"]) if s.get("epochs") is None else math.ceil(float(s["epochs"]) * len(records) / Q)
+
+    # ---------------------------------------------------------------- only now touch the folder
+    if dist.is_main:
+        last = checkpoint.latest(out / "checkpoints")
+        if not _same_params(out, params):
+            _move_aside(out, "the cell's values changed", mlflow_settings)
+        elif last is not None and checkpoint.step_of(last) >= steps and not (out / "DONE").is_file():
+            # a finished run whose DONE was removed (snakemake --forcerun): train it again
+            _move_aside(out, "its DONE marker was removed (a forced rerun)", mlflow_settings)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "cell.json", params or {})
+    dist.barrier()
 
     start = 0
     last = checkpoint.latest(out / "checkpoints")
@@ -297,6 +307,7 @@ def run_rl(
         scheduler.load_state_dict(state["scheduler"])
         order.load_state_dict(state["order"])
         buf.load_state_dict(state["buffer"])
+        sft_optimizer.load_state_dict(state["sft_optimizer"])
         rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
         if len(rngs) != dist.world:
             raise DataError(f"checkpoint of {len(rngs)} process(es) cannot resume in {dist.world}", last)
@@ -312,7 +323,6 @@ def run_rl(
         else None
     )
 
-    steps = int(s["steps"])
     shown = progress and dist.is_main
     bar = tqdm(range(start, steps), desc=f"RL {method.name}", initial=start, total=steps, disable=not shown)
     for step in bar:
@@ -350,11 +360,12 @@ def run_rl(
         # flatten the valid rollouts into N sequences
         cells = [(q, e, r) for q in range(Qp) for e in range(E) for r in range(counts[e])]
         seq_prompts = [prompt[q][e] for q, e, _ in cells]
-        seq_completions = [completions[q][e][r].token_ids or [eos] for q, e, r in cells]
+        seq_completions = [completions[q][e][r].token_ids or [stops.end_of_turn] for q, e, r in cells]
         seq_adv = torch.tensor([float(advantages[q, e, r]) for q, e, r in cells])
 
         # ------------------------------------------------------------ 5. IML pairs (whole groups: one process each)
-        pairs = iml_pairs(rewards, correct, valid) if method.iml else []
+        tie_break = random.Random(f"iml-{seed}-{step}-{dist.rank}")  # seeded per step: a resume draws the same
+        pairs = iml_pairs(rewards, correct, valid, tie_break) if method.iml else []
         iml_strong = [prompt[p.question][p.best] for p in pairs]
         iml_weak = [prompt[p.question][p.worst] for p in pairs]
         iml_tokens = [completions[p.question][p.best][p.rollout].token_ids for p in pairs]
@@ -362,18 +373,18 @@ def run_rl(
         # ------------------------------------------------------------ 6. HSFT buffer (identical in every process)
         inserted, drained, sft_batch = 0, [], []
         if method.hsft:
-            offers = [
-                (record.id, k, 1.0 - float(correct[q, e, : counts[e]].float().mean()))
+            offers = [  # (question, expert, failures, rollouts): counts, so the threshold is exact
+                (record.id, k, counts[e] - int(correct[q, e, : counts[e]].sum()), counts[e])
                 for q, record in enumerate(batch)
                 for e, k in enumerate(experts)
             ]
-            for question_id, k, failure_rate in [o for part in dist.gather(offers) for o in part]:
-                inserted += buf.offer(HardExample(question_id, k), failure_rate)
+            for question_id, k, failures, n in [o for part in dist.gather(offers) for o in part]:
+                inserted += buf.offer(HardExample(question_id, k), failures, n)
             if buf.full:
                 drained = buf.drain()
                 sft_batch = drained[dist.rank :: dist.world]
         sft_prompts = [prompt_ids(tokenizer, chat_messages(by_id[h.question_id], h.expert, prompts)) for h in sft_batch]
-        sft_targets = [tokenizer(solutions(h), add_special_tokens=False)["input_ids"] + [eos] for h in sft_batch]
+        sft_targets = [target_ids(tokenizer, solutions(h), stops) for h in sft_batch]
 
         # ------------------------------------------------------------ 7. updates
         old_logp = None
@@ -406,7 +417,7 @@ def run_rl(
                     l_iml = iml_loss(strong, weak, iml_mask)
                     loss = loss + float(s["lambda_iml"]) * l_iml
                 l_sft = torch.zeros((), device=loss.device)
-                if sft_batch and update == 0:
+                if sft_batch and update == 0 and hsft_update == "joint":
                     sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
                     l_sft = sft_loss(sft_logp, sft_mask)
                     loss = loss + float(s["lambda_sft"]) * l_sft
@@ -428,6 +439,19 @@ def run_rl(
                     "entropy": float((entropy.detach() * mask).sum() / mask.sum()),
                     "grad_norm": float(grad_norm),
                 }
+        if drained and hsft_update == "separate":  # every process steps (its share may be empty)
+            with precision.autocast():
+                if sft_batch:
+                    sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
+                    l_sft = sft_loss(sft_logp, sft_mask)
+                else:
+                    l_sft = sum((p.sum() * 0 for p in policy.parameters()), torch.zeros((), device=device))
+            sft_optimizer.zero_grad(set_to_none=True)
+            l_sft.backward()
+            dist.average_gradients(policy)
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), float(s["max_grad_norm"]))
+            sft_optimizer.step()
+            stats["loss/sft"] = l_sft.item()
         engine.sync_weights(policy)
         check_synced(engine, policy)  # a stale engine would sample from old weights without a sound
 
@@ -497,12 +521,15 @@ def run_rl(
                         "step": done_steps,
                         "model": policy.state_dict(),
                         "optimizer": optimizer.state_dict(),
+                        "sft_optimizer": sft_optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(),
                         "order": order.state_dict(),
                         "buffer": buf.state_dict(),
                         "rng": rngs,  # one state per process
                     },
                 )
+                assert tracker is not None
+                tracker.commit()  # these steps' metrics reach MLflow once their checkpoint exists
             dist.barrier()
         if stop_after is not None and done_steps >= stop_after and done_steps < steps:
             if tracker is not None:
@@ -515,12 +542,13 @@ def run_rl(
 
         assert tracker is not None
         save_atomically(out / "model", tokenizer, policy)
-        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+        lines = read_metrics(out / "metrics.jsonl")
         summary = {
             "method": method.name,
             "steps": steps,
             "processes": dist.world,
             "precision": precision.dtype,
+            "trajectories_over_max_new_tokens": over_cap,
             "final": lines[-1] if lines else {},
             "reward_first": lines[0]["reward/mean"] if lines else None,
             "reward_last": lines[-1]["reward/mean"] if lines else None,
@@ -532,6 +560,27 @@ def run_rl(
         atomic_write_json(out / "DONE", summary)
     dist.barrier()
     return dict(json.loads((out / "DONE").read_text()))
+
+
+RUN_FILES = ("checkpoints", "model", "metrics.jsonl", "DONE", "mlflow_run_id", "cell.json")
+
+
+def _move_aside(out: Path, why: str, mlflow_settings: dict[str, Any] | None) -> None:
+    """Move a previous run's files into out/previous/<time>/ (nothing is deleted), and retag its
+    MLflow run so that the new run gets a run of its own."""
+    present = [name for name in RUN_FILES if (out / name).exists()]
+    if not present:
+        return
+    aside = out / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    run_id = (out / "mlflow_run_id").read_text().strip() if (out / "mlflow_run_id").is_file() else None
+    for name in present:
+        (out / name).rename(aside / name)
+    if run_id and mlflow_settings and mlflow_settings.get("enabled"):
+        from .tracking import retire_run
+
+        retire_run(mlflow_settings, run_id, aside.name)
+    print(f"rl: {why}; the previous run's files are in {aside}", file=sys.stderr)
 
 
 def _same_params(out: Path, params: dict[str, Any] | None) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .precision import Precision, resolve
+from .stops import stop_tokens
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Completion:
-    token_ids: list[int]  # completion tokens, eos included when the model stopped, no padding
+    token_ids: list[int]  # completion tokens, the stop token included when the model stopped, no padding
     text: str  # decoded without special tokens
-    finished: bool  # ended with eos (not cut at max_new_tokens)
+    finished: bool  # ended with a stop token (stops.py), not cut at max_new_tokens
 
 
 class RolloutEngine(Protocol):
@@ -94,10 +95,11 @@ def hf_generation_kwargs(sampling: Sampling) -> dict[str, Any]:
     }
 
 
-def vllm_sampling_kwargs(sampling: Sampling, n: int) -> dict[str, Any]:
+def vllm_sampling_kwargs(sampling: Sampling, n: int, stop_ids: Sequence[int] = ()) -> dict[str, Any]:
     """The same `Sampling` for vLLM's SamplingParams (greedy is temperature 0 there; top_k is off
-    by default, as in hf_generation_kwargs)."""
+    by default, as in hf_generation_kwargs); `stop_ids`: the turn's stop tokens (stops.py)."""
     return {
+        "stop_token_ids": list(stop_ids),
         "n": n,
         "max_tokens": sampling.max_new_tokens,
         "temperature": 0.0 if sampling.greedy else sampling.temperature,
@@ -115,7 +117,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.precision = precision or resolve("cpu")
         self.dtype = self.precision.dtype
-        self.eos = tokenizer.eos_token_id
+        self.stops = stop_tokens(tokenizer)  # end of turn and eos: they differ in real tokenizers
         self.pad = tokenizer.pad_token_id
 
     def sync_weights(self, model: Any) -> None:
@@ -145,16 +147,20 @@ class HFEngine:
                 for row, p in enumerate(chunk):
                     ids[row, width - len(p) :] = torch.tensor(p)
                     mask[row, width - len(p) :] = 1
-                kwargs = {**hf_generation_kwargs(sampling), "eos_token_id": self.eos, "pad_token_id": self.pad}
+                kwargs = {
+                    **hf_generation_kwargs(sampling),
+                    "eos_token_id": list(self.stops.ids),
+                    "pad_token_id": self.pad,
+                }
                 with self.precision.autocast():
                     generated = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
                 for row in generated[:, width:].tolist():
                     tokens = []
                     for t in row:
                         tokens.append(t)
-                        if t == self.eos:
+                        if t in self.stops.ids:
                             break
-                    finished = bool(tokens) and tokens[-1] == self.eos
+                    finished = bool(tokens) and tokens[-1] in self.stops.ids
                     if not finished:
                         tokens = [t for t in tokens if t != self.pad]
                     out.append(Completion(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), finished))

@@ -21,6 +21,7 @@ from typing import Any
 from .io import DataError
 from .precision import Precision
 from .rollout import Completion, Sampling, vllm_sampling_kwargs, weights_fingerprint
+from .stops import stop_tokens
 
 INSTALL_HINT = (
     "the vllm engine needs vLLM, a GPU-only extra: `pip install -e .[gpu]` on a CUDA machine "
@@ -68,7 +69,7 @@ class VLLMEngine:
         self.llm = vllm.LLM(**llm_kwargs(model_dir, precision, settings, seed))
         self.tokenizer = tokenizer
         self.dtype = precision.dtype
-        self.eos = tokenizer.eos_token_id
+        self.stops = stop_tokens(tokenizer)
 
     def _model(self) -> Any:
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
@@ -90,7 +91,7 @@ class VLLMEngine:
         vllm = require_vllm()
         counts = [n] * len(prompts) if isinstance(n, int) else list(n)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        params = [vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k)) for k in counts]
+        params = [vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k, self.stops.ids)) for k in counts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         result = []
         for out in outputs:
@@ -98,8 +99,8 @@ class VLLMEngine:
             for choice in out.outputs:
                 tokens = list(choice.token_ids)
                 finished = choice.finish_reason == "stop"
-                if finished and (not tokens or tokens[-1] != self.eos):
-                    tokens.append(self.eos)  # as the HF engine: a finished completion ends with eos
+                if finished and (not tokens or tokens[-1] not in self.stops.ids):
+                    tokens.append(self.stops.end_of_turn)  # as the HF engine: a finished turn ends with its stop
                 group.append(Completion(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), finished))
             result.append(group)
         return result

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
-from .io import DataError, atomic_write_json
+from .io import DataError, atomic_write_json, locked
 from .precision import Precision, resolve
 from .records import read_records
 
@@ -53,6 +53,7 @@ def device_settings(precision: Precision) -> dict[str, Any]:
     }
 
 
+@locked("out_dir")  # one writer per run folder
 def run_sft(
     model_dir: str | Path,
     data_dir: str | Path,

@@ -35,7 +35,7 @@ from typing import Any
 
 from .answers import canonical_answer_line, extract, is_correct
 from .experts import DEFAULT_PROMPTS, chat_messages, read_trajectories, trajectory_stats, write_trajectories
-from .io import DataError, atomic_write_json, read_jsonl
+from .io import DataError, atomic_write_json, locked, read_jsonl
 from .records import Record, read_records
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -232,6 +232,7 @@ class Cache:
             self.rows.append({"key": self.key, **row})
 
 
+@locked("cache_path", folder=False)  # one writer of a teacher's cache at a time
 def generate(
     records: Sequence[Record],
     expert: int,
@@ -287,6 +288,8 @@ def generate(
 
     def keep(record: Record, attempt: int, reply: Reply, seconds: float) -> bool:
         """Check one reply, cache the attempt; True when accepted."""
+        # a reply may echo the key (a proxy, a debugging endpoint): nothing unscrubbed is written
+        reply = Reply(teacher.scrub(reply.content), teacher.scrub(reply.reasoning), reply.tokens)
         text = trajectory(reply, record)
         status = "accepted" if text is not None else "rejected"
         cache.append({
@@ -377,7 +380,7 @@ def build_expert(
     if settings["backend"] == "jsonl":
         path = Path(settings["path"]) / dataset / f"e{expert}.jsonl"
         by_id = {r.id: r for r in records}
-        items = read_trajectories(path, by_id)
+        items = read_trajectories(path, by_id, as_sft_data=False)  # several tries per question, some wrong
         wrong = [(line, r.id) for line, (r, k, c) in enumerate(items, 1) if k != expert]
         if wrong:
             raise DataError(f"expert should be {expert} in this file", path, wrong[0][0], "expert")

@@ -35,6 +35,43 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Llama-3.2-Instruct's shape: header tokens, turns closed by <|eot_id|>, and a system header the
+# template writes itself ahead of the system prompt.
+LLAMA_SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+LLAMA_CHAT_TEMPLATE = (
+    "{{- '<|begin_of_text|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['role'] == 'system' %}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|eot_id|>' }}{% endgeneration %}"
+    "{%- else %}"
+    "{{- message['content'] + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+# Tokenizer styles: `toy` (eos = the end-of-turn token), and two shaped like the paper's models in
+# the ways that break things: `qwen-base` (eos <|endoftext|>, turns end with <|im_end|>) and
+# `llama-instruct` (eos <|end_of_text|>, turns end with <|eot_id|>, a template-written system header).
+TOKENIZER_STYLES: dict[str, dict[str, Any]] = {
+    "toy": {"special": SPECIAL_TOKENS, "eos": "<|im_end|>", "pad": "<|endoftext|>", "template": CHAT_TEMPLATE},
+    "qwen-base": {"special": SPECIAL_TOKENS, "eos": "<|endoftext|>", "pad": "<|endoftext|>", "template": CHAT_TEMPLATE},
+    "llama-instruct": {
+        "special": LLAMA_SPECIAL_TOKENS,
+        "eos": "<|end_of_text|>",
+        "pad": "<|end_of_text|>",
+        "template": LLAMA_CHAT_TEMPLATE,
+    },
+}
 
 # Architectures: small enough to train on two CPU cores in minutes; the Llama stand-in is the weaker.
 ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -61,8 +98,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
-    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, style: str = "toy") -> Any:
+    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer (`style`: TOKENIZER_STYLES)."""
+    if style not in TOKENIZER_STYLES:
+        raise DataError(f"unknown tokenizer style '{style}'; known: {', '.join(TOKENIZER_STYLES)}")
+    spec = TOKENIZER_STYLES[style]
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -76,21 +116,21 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=spec["special"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=spec["eos"],
+        pad_token=spec["pad"],
         bos_token=None,
         unk_token=None,
         clean_up_tokenization_spaces=False,
         model_max_length=2048,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = spec["template"]
     return fast
 
 
@@ -118,7 +158,9 @@ def model_from_architecture(arch: dict[str, Any], tokenizer: Any, seed: int) -> 
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    from .stops import stop_tokens
+
+    model.generation_config.eos_token_id = list(stop_tokens(tokenizer).ids)  # end of turn and eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 

@@ -3,6 +3,12 @@
 One MLflow run per cell, tagged `cell_key` (a deterministic key of the values that define the
 cell) and found again by it, so a re-run or a resumed run never creates a second MLflow run.
 Metric names use only characters MLflow accepts (letters, digits, _ - . / and space).
+
+Exactly once: a step's metrics reach MLflow only when `commit` is called, after the checkpoint that
+covers the step is written. A run killed between a step and its checkpoint redoes that step on
+resume; MLflow, which cannot delete a value, never saw it. On start the tracker also sends MLflow
+the kept steps it lacks (a kill between a checkpoint and its commit), so each (key, step) is
+logged once.
 """
 
 from __future__ import annotations
@@ -12,9 +18,31 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .io import atomic_write_text
+from .io import DataError, atomic_write_text
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A torn last line (a kill mid-write) is dropped: its step had
+    no checkpoint yet and is redone. A bad line anywhere else names the file and line."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise DataError(f"not valid JSON ({err.msg}): a damaged metrics file", path, number) from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise DataError("a metrics row without 'step'", path, number)
+        rows.append(row)
+    return rows
 
 
 def metric_name(name: str) -> str:
@@ -51,6 +79,20 @@ def ensure_experiment(settings: dict[str, Any]) -> str:
     return str(mlflow.create_experiment(name, artifact_location=location))
 
 
+def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:
+    """Retag a replaced run's `cell_key` (`<key>@replaced-<label>`): the cell's next run is a new
+    MLflow run, and the old one stays browsable."""
+    import mlflow
+
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    client = mlflow.MlflowClient()
+    try:
+        key = client.get_run(run_id).data.tags.get("cell_key", "")
+    except Exception:  # the store no longer holds it: nothing to retag
+        return
+    client.set_tag(run_id, "cell_key", f"{key}@replaced-{label}")
+
+
 def log_to_run(
     settings: dict[str, Any],
     run_id: str,
@@ -83,6 +125,7 @@ class Tracker:
         self.path = self.run_dir / "metrics.jsonl"
         self._keep_steps_before(resume_from_step)
         self._file = self.path.open("a", encoding="utf-8")
+        self._pending: list[tuple[int, dict[str, float]]] = []
         self._mlflow: Any = None
         self.run_id: str | None = None
         settings = mlflow_settings or {}
@@ -91,10 +134,9 @@ class Tracker:
 
     def _keep_steps_before(self, step: int) -> None:
         """On resume, drop the lines of steps after the checkpoint: they are about to be redone."""
-        if not self.path.is_file():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] < step]
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        atomic_write_text(
+            self.path, "".join(json.dumps(row) + "\n" for row in read_metrics(self.path) if row["step"] < step)
+        )
 
     def _start_mlflow(
         self, cell_key: str, params: dict[str, Any], settings: dict[str, Any], tags: dict[str, str]
@@ -124,19 +166,34 @@ class Tracker:
         atomic_write_text(self.run_dir / "mlflow_run_id", run.info.run_id + "\n")
         self.run_id = run.info.run_id
         self._mlflow = mlflow
+        rows = read_metrics(self.path)
+        if rows:  # the kept steps MLflow lacks (killed after a checkpoint, before its commit)
+            client = mlflow.MlflowClient()
+            logged = {m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")}
+            for row in rows:
+                if row["step"] not in logged and "reward/mean" in row:
+                    mlflow.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {metric_name(k): float(v) for k, v in metrics.items()}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
+        self._pending.append((step, clean))
+
+    def commit(self) -> None:
+        """Send the steps logged since the last commit to MLflow: call it once their checkpoint exists."""
         if self._mlflow is not None:
-            self._mlflow.log_metrics(clean, step=step)
+            for step, clean in self._pending:
+                self._mlflow.log_metrics(clean, step=step)
+        self._pending = []
 
     def log_artifact(self, path: str | Path) -> None:
         if self._mlflow is not None:
             self._mlflow.log_artifact(str(path))
 
     def close(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED":
+            self.commit()
         self._file.close()
         if self._mlflow is not None:
             self._mlflow.end_run(status=status)

@@ -1,16 +1,19 @@
-# Stage: expert complementarity of the MEF model (the paper's three experts), sampled k times
-# per expert and question: how often the experts fail together, how often one rescues another.
+# Stage: expert complementarity (the paper's three experts), sampled k times per expert and
+# question: how often the experts fail together, how often one rescues another. Of the MEF model
+# under each expert's prompt (analysis.complementarity.source: mef), or of three single-expert SFT
+# models (single_expert, the paper figure's reading).
+COMPLEMENTARITY_SFT = grid.complementarity_sft_variants(config)
 
 
 rule complementarity:
     input:
-        f"{RESULTS}/sft/{{model}}/{{ds}}/{grid.sft_variant(PAPER_EXPERTS)}/DONE",
+        expand(f"{RESULTS}/sft/{{{{model}}}}/{{{{ds}}}}/{{variant}}/DONE", variant=COMPLEMENTARITY_SFT),
         test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
     output:
         multiext(f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}", ".json", ".png", ".pdf"),
     params:
-        cfg=cli_config("profile", "world", "seed", "rl", "analysis", "experts"),
-        model=f"{RESULTS}/sft/{{model}}/{{ds}}/{grid.sft_variant(PAPER_EXPERTS)}/model",
+        cfg=cli_config("profile", "world", "seed", "rl", "analysis", "experts", "reward"),
+        model=",".join(f"{RESULTS}/sft/{{model}}/{{ds}}/{v}/model" for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
     threads: config["threads"]
     resources:

@@ -1,0 +1,88 @@
+"""One RL run in its own process, for tests/test_fault_injection.py: MEML-GRPO on a tiny random
+model (every rollout wrong, so the buffer fills and flushes every step), MLflow on. With a fault
+`<point>:<n>` the process SIGKILLs itself at the n-th time it reaches that point:
+    rollouts    inside the n-th rollout call, before it returns
+    checkpoint  halfway through writing the n-th checkpoint's state.pt
+    flush       right after the n-th buffer flush (before that step's update and checkpoint)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from meml import checkpoint, rl
+from meml.buffer import HardExampleBuffer
+from meml.config import load_config
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(fault: str) -> None:
+    point, n = fault.split(":")
+    left = [int(n)]
+
+    def hit() -> bool:
+        left[0] -= 1
+        return left[0] == 0
+
+    if point == "rollouts":
+        original = rl.sample_groups
+
+        def sample_groups(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if hit():
+                die()
+            return out
+
+        rl.sample_groups = sample_groups  # type: ignore[assignment]
+    elif point == "checkpoint":
+        save = checkpoint.torch.save
+
+        def half_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            if not hit():
+                return save(obj, f, *args, **kwargs)
+            import io
+
+            buffer = io.BytesIO()
+            save(obj, buffer)
+            f.write(buffer.getvalue()[: buffer.tell() // 2])
+            f.flush()
+            die()
+
+        checkpoint.torch.save = half_save  # type: ignore[assignment]
+    elif point == "flush":
+        drain = HardExampleBuffer.drain
+
+        def drain_then_die(self: HardExampleBuffer) -> Any:
+            items = drain(self)
+            if hit():
+                die()
+            return items
+
+        HardExampleBuffer.drain = drain_then_die  # type: ignore[method-assign]
+
+
+def main(model: Path, world: Path, out: Path, store: str, fault: str) -> None:
+    if fault != "none":
+        arm(fault)
+    cfg = load_config()
+    settings = json.loads(json.dumps(cfg["rl"]))
+    settings.update(steps=4, questions_per_step=2, group_size=6, max_new_tokens=16, checkpoint_every=1,
+                    rollout_batch_size=36, max_truncated_share=1.0)  # fmt: skip
+    settings["buffer"].update(capacity=2)
+    mlflow = {"enabled": True, "tracking_uri": store, "experiment": "faults"}
+    method = rl.Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"])
+    data, experts = world / "data/gsm8k", world / "experts/gsm8k"
+    rl.run_rl(settings, method, model, data, experts, out, seed=1, cell_key=f"faults/{out.name}",
+              params={"cell": "faults"}, mlflow_settings=mlflow, progress=False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])

@@ -1,0 +1,73 @@
+"""Kill an RL run with SIGKILL at chosen points (during rollouts, halfway through a checkpoint
+write, right after a buffer flush) and resume it each time: the result must be the uninterrupted
+run's, to the bit, with one MLflow run in which every (metric, step) appears once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROJECT
+
+from meml.experts import DEFAULT_PROMPTS
+from meml.tiny_models import build_tiny_models, toy_corpus
+
+FAULTS = ["rollouts:2", "checkpoint:2", "flush:1", "rollouts:1"]  # each counted from its own start
+
+
+def _worker(model: Path, world: Path, out: Path, store: str, fault: str) -> int:
+    env = {**os.environ, "PYTHONPATH": f"{PROJECT / 'tests'}:{PROJECT / 'pipeline'}", "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, str(PROJECT / "tests/rl_worker.py"), str(model), str(world), str(out), store, fault]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300).returncode
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]  # timing differs
+
+
+def test_killed_and_resumed_run_equals_the_uninterrupted_one(small_world: Path, tmp_path: Path) -> None:
+    import mlflow
+
+    from meml.tracking import ensure_experiment
+
+    model = build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path / "m", seed=0, vocab_size=400)["llama"]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment({"tracking_uri": store, "experiment": "faults"})  # created once, before the workers
+    assert _worker(model, small_world, tmp_path / "clean", store, "none") == 0
+    faulty = tmp_path / "faulty"
+    for fault in FAULTS:
+        assert _worker(model, small_world, faulty, store, fault) == -9, f"{fault} did not fire"
+        assert not (faulty / "DONE").exists()
+    assert _worker(model, small_world, faulty, store, "none") == 0
+
+    clean = AutoModel(tmp_path / "clean")
+    assert clean.keys() == AutoModel(faulty).keys()
+    assert all(torch.equal(clean[k], AutoModel(faulty)[k]) for k in clean), "weights differ after resuming"
+    assert _metrics(faulty) == _metrics(tmp_path / "clean")
+    assert sum(r["hsft/sft_examples"] > 0 for r in _metrics(faulty)) >= 2  # flushes did happen
+
+    mlflow.set_tracking_uri(store)
+    runs = mlflow.search_runs(experiment_names=["faults"], filter_string="tags.cell_key = 'faults/faulty'",
+                              output_format="list")  # fmt: skip
+    assert len(runs) == 1
+    client = mlflow.MlflowClient()
+    for key in ("reward/mean", "hsft/flushes", "loss/total"):
+        steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, key)]
+        assert sorted(steps) == [0, 1, 2, 3], f"{key}: {sorted(steps)}"  # each step once
+
+
+def AutoModel(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(next((run / "model").glob("*.safetensors"))))
+
+
+@pytest.fixture(autouse=True)
+def _project_on_path() -> None:
+    assert (PROJECT / "tests/rl_worker.py").is_file()
