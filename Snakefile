@@ -3,6 +3,7 @@
 #   tracking, data -> experts -> models -> sft -> rl -> eval -> analysis -> report
 import hashlib
 import json
+import os
 import re
 import shlex
 import sys
@@ -56,11 +57,45 @@ if config["device"] == "cuda" and workflow.is_main_process:
         file=sys.stderr,
     )
 # The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
-MEML = f"{shlex.quote(sys.executable)} -m meml.cli"
-# Jobs use `threads` CPU threads each; the toy world never touches the network.
-ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELISM=false" + (
-    " HF_HUB_OFFLINE=1" if WORLD == "toy" else ""
+# `meml.run` hands the job to the warm worker (pipeline/meml/worker.py: torch, transformers,
+# lm-eval and MLflow imported once, each job a forked child), or runs it here when there is none.
+from meml import worker  # noqa: E402
+
+WORKER_SOCKET = worker.socket_path()
+OFFLINE = {"HF_HUB_OFFLINE": "1"} if WORLD == "toy" else {}  # the toy world never touches the network
+# The socket reaches the jobs through the environment (set in onstart), never through a shell
+# line or params: those are part of what Snakemake compares to decide a rerun.
+MEML = f"{shlex.quote(sys.executable)} -m meml.run"
+# Jobs use `threads` CPU threads each.
+ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELISM=false" + "".join(
+    f" {k}={v}" for k, v in OFFLINE.items()
 )
+_WORKER = {}
+
+
+# A line per finished cell (pipeline/meml/progress.py): jobs done of total, time left, accuracy.
+PROGRESS_STATE = Path(RESULTS) / ".progress.json"
+PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
+
+
+onstart:
+    Path(RESULTS).mkdir(parents=True, exist_ok=True)
+    PROGRESS_STATE.write_text(json.dumps({"start": __import__("time").time(), "total": len(workflow.dag)}))
+    _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
+    if _WORKER["process"] is not None:
+        os.environ["MEML_WORKER"] = str(WORKER_SOCKET)  # inherited by every local job
+
+
+def stop_worker():
+    process = _WORKER.pop("process", None)
+    if process is not None:
+        process.terminate()
+        process.wait(timeout=30)
+        WORKER_SOCKET.with_suffix(".log").unlink(missing_ok=True)
+
+
+onerror:
+    stop_worker()
 GPU = 1 if config["device"] == "cuda" else 0
 PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
 
@@ -108,6 +143,13 @@ include: "pipeline/rules/rl.smk"
 include: "pipeline/rules/eval.smk"
 include: "pipeline/rules/analysis.smk"
 include: "pipeline/rules/report.smk"
+
+
+onsuccess:
+    stop_worker()
+    from meml.finish import message  # noqa: E402
+
+    print(message(config), file=sys.stderr)
 
 
 rule all:

@@ -146,3 +146,12 @@ def test_extras_add_cells_on_their_own_smaller_grid() -> None:
     moved = load_config(overrides={"methods.MEML-GRPO.tables": ["main"]})
     meml = grid.Cell("qwen2", "gsm8k", "MEML-GRPO", 0)
     assert grid.cell_key(moved, meml) == grid.cell_key(load_config(), meml)
+
+
+def test_evaluation_runs_as_long_as_rl_on_each_data_set() -> None:
+    cfg = load_config()
+    assert grid.eval_max_new_tokens(cfg, "gsm8k") == 384 and grid.eval_max_new_tokens(cfg, "strategyqa") == 256
+    fixed = load_config(overrides={"eval.max_new_tokens": 512})
+    assert grid.eval_max_new_tokens(fixed, "strategyqa") == 512
+    assert grid.method_rl(cfg, "MEML-GRPO", "gsm8k")["max_new_tokens"] == 384  # rl_by_dataset reaches the cell
+    assert grid.cell_params(cfg, grid.Cell("qwen2", "mathqa", "MEML-GRPO", 0))["rl"]["max_new_tokens"] == 256

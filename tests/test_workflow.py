@@ -93,7 +93,12 @@ def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> 
     evaluation = json.loads((smoke_run / "results/smoke/eval/qwen2/strategyqa/MEML-GRPO/seed0.json").read_text())
     assert evaluation["mlflow_run_id"] == run_id
     run = mlflow.get_run(run_id)
-    assert "eval/e1/lenient" in run.data.metrics and "reward/mean" in run.data.metrics
+    assert "eval/expert1/lenient" in run.data.metrics and "reward/expert1" in run.data.metrics
+    tags = run.data.tags  # the grid's dimensions and the method's switches, for the UI's Group by
+    assert (tags["method"], tags["dataset"], tags["model"], tags["seed"]) == ("MEML-GRPO", "strategyqa", "qwen2", "0")
+    assert (tags["advantage"], tags["iml"], tags["hsft"], tags["world"]) == ("grpo", "true", "true", "toy")
+    experiment = mlflow.get_experiment_by_name("smoke")
+    assert "report/smoke/index.md" in experiment.tags["mlflow.note.content"]
     assert run.data.params["cell.method"] == "MEML-GRPO" and run.data.params["rl.steps"] == "2"
 
 

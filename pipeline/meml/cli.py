@@ -11,6 +11,7 @@ meml cost         estimate the GPU-hours of the grid (`--measure` times a few RL
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -66,12 +67,16 @@ def cmd_toy_stats(args: argparse.Namespace) -> None:
 
 
 def cmd_tiny_models(args: argparse.Namespace) -> None:
+    from .grid import tiny_arch
     from .tiny_models import build_tiny_models, toy_corpus
 
     cfg = _config(args)
-    corpus = toy_corpus(args.root, _prompts(cfg))
-    for kind, folder in build_tiny_models(corpus, args.out, cfg["seed"], cfg["toy"]["vocab_size"]).items():
-        print(f"{kind}: {folder}")
+    corpus = toy_corpus(args.root, _prompts(cfg), with_experts=cfg["world"] == "toy")
+    # tiny arch -> tokenizer style, of every tiny model in the config
+    styles = {arch: cfg["models"][m].get("tokenizer", "toy") for m in cfg["models"] if (arch := tiny_arch(cfg, m))}
+    built = build_tiny_models(corpus, args.out, cfg["seed"], cfg["toy"]["vocab_size"], list(styles), styles)
+    for name, folder in built.items():
+        print(f"{name}: {folder}")
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
@@ -84,8 +89,9 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     if args.local:
         settings["local"] = args.local
     records = load_real(args.dataset, settings)
-    for split in ("train", "test"):
-        chosen = [r for r in records if r.split == split]
+    sizes = settings.get("sizes")  # the first N of each split: real records, ids and splits kept
+    for i, split in enumerate(("train", "test")):
+        chosen = [r for r in records if r.split == split][: sizes[i] if sizes else None]
         write_records(Path(args.out) / args.dataset / f"{split}.jsonl", chosen)
         print(f"{args.dataset} {split}: {len(chosen)} records")
 
@@ -119,8 +125,34 @@ def _prompts(cfg: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _mlflow_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`mlflow`, with the experiment named after the profile unless set: one experiment per profile."""
-    return {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"]}
+    """`mlflow`, with the experiment named after the profile unless set: one experiment per profile,
+    described on its page in the UI."""
+    world = "toy world (synthetic data sets, tiny models, CPU)" if cfg["world"] == "toy" else "real data sets"
+    description = (
+        f"MEML-GRPO reproduction, profile '{cfg['profile']}': {world}. One run per cell "
+        "(model x data set x method x seed); group by the tags model, dataset, method, advantage, iml, hsft. "
+        f"Tables and figures: report/{cfg['profile']}/index.md, and the '{cfg['profile']}/report' run's artifacts."
+    )
+    return {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"], "description": description}
+
+
+def run_tags(cfg: dict[str, Any], cell: Any) -> dict[str, str]:
+    """The tags a cell's MLflow run carries, so that the UI's "Group by" and search work on the
+    grid's dimensions and the method's switches without knowing the cell-key format."""
+    switches = cfg["methods"][cell.method]
+    return {
+        "profile": cfg["profile"],
+        "world": cfg["world"],
+        "model": cell.model,
+        "dataset": cell.dataset,
+        "method": cell.method,
+        "seed": str(cell.seed),
+        "advantage": switches["advantage"],
+        "iml": str(bool(switches["iml"])).lower(),
+        "hsft": str(bool(switches["hsft"])).lower(),
+        "experts_in_rl": ",".join(str(k) for k in switches["rl_experts"]),
+        "sft_experts": ",".join(str(k) for k in switches["sft_experts"]),
+    }
 
 
 def _world(cfg: dict[str, Any], results: str | None = None) -> Path:
@@ -142,12 +174,12 @@ def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
 
 def _base_model(cfg: dict[str, Any], paths: dict[str, Path], model: str) -> Path | str:
     """A tiny model's folder, or the hub id / folder of a real one."""
-    from .grid import tiny_arch
+    from .grid import tiny_folder
 
     if model not in cfg["models"]:
         raise DataError(f"unknown model '{model}'; known: {', '.join(cfg['models'])}", None, None, "models")
-    arch = tiny_arch(cfg, model)
-    return paths["models"] / arch if arch else str(cfg["models"][model]["source"])
+    folder = tiny_folder(cfg, model)
+    return paths["models"] / folder if folder else str(cfg["models"][model]["source"])
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
@@ -206,6 +238,7 @@ def cmd_rl(args: argparse.Namespace) -> None:
             **cfg,
         },
         mlflow_settings=mlflow_settings,
+        mlflow_tags=run_tags(cfg, cell),
         precision=of_config(cfg),
     )
     print(
@@ -233,6 +266,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from .evaluate import evaluate
+    from .grid import eval_max_new_tokens
     from .records import check_dataset_name
 
     cfg = _config(args)
@@ -259,14 +293,19 @@ def cmd_eval(args: argparse.Namespace) -> None:
         dtype=of_config(cfg).dtype,
         limit=args.limit or cfg["eval"]["questions"],
         world="real" if args.real or cfg["world"] == "real" else "toy",
-        max_new_tokens=args.max_new_tokens or cfg["eval"]["max_new_tokens"],
+        max_new_tokens=args.max_new_tokens or eval_max_new_tokens(cfg, args.dataset),
         mlflow_run_id=run_id,
     )
     if run_id is not None:
         from .tracking import log_to_run
 
         block = report["model"]
-        metrics = {f"eval/{name}/{m}": e[m] for name, e in block["experts"].items() for m in ("strict", "lenient")}
+        # named like the training metrics (reward/expert1): eval/expert1/lenient
+        metrics = {
+            f"eval/expert{name[1:]}/{m}": e[m]
+            for name, e in block["experts"].items()
+            for m in ("strict", "lenient", "finished")
+        }
         if "majority_vote" in block:
             for mode in ("strict", "lenient"):
                 metrics[f"eval/majority_vote/{mode}"] = block["majority_vote"][mode]
@@ -286,6 +325,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def cmd_complementarity(args: argparse.Namespace) -> None:
     from .complementarity import run
+    from .grid import deep_rl
     from .records import check_dataset_name
     from .rollout import Sampling
 
@@ -294,7 +334,8 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     experts = [int(k) for k in args.experts.split(",")]
     data_root = Path(args.data_root) if args.data_root else _world(cfg) / "data"
     settings = cfg["analysis"]["complementarity"]
-    sampling = Sampling(int(cfg["rl"]["max_new_tokens"]), float(cfg["rl"]["temperature"]), float(cfg["rl"]["top_p"]))
+    rl = deep_rl(cfg, args.dataset)  # the data set's rollout settings
+    sampling = Sampling(int(rl["max_new_tokens"]), float(rl["temperature"]), float(rl["top_p"]))
     k = args.k or settings["samples"]
     title = args.title or f"{args.dataset}: {k} samples per expert, temperature {sampling.temperature}"
     checkpoints = args.checkpoint.split(",")  # one MEF model, or one single-expert model per expert
@@ -358,6 +399,19 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"{len(written)} files -> {out}")
 
 
+def cmd_worker(args: argparse.Namespace) -> None:
+    from .worker import serve
+
+    serve(args.socket)
+
+
+def cmd_standin_byo(args: argparse.Namespace) -> None:
+    from .standin import write_byo_file
+
+    n = write_byo_file(args.data, args.dataset, args.expert, args.out)
+    print(f"{args.dataset}: {n} bring-your-own trajectories of expert {args.expert} -> {args.out}")
+
+
 def cmd_gold_expert(args: argparse.Namespace) -> None:
     from .experts import gold_expert
 
@@ -371,15 +425,27 @@ def cmd_teach(args: argparse.Namespace) -> None:
     cfg = _config(args)
     settings = settings_for(cfg, args.expert)
     root = Path(args.results or f"results/{cfg['profile']}") / "real"  # teachers serve the real world only
-    summary = build_expert(
-        root / "data" / args.dataset,
-        args.dataset,
-        args.expert,
-        settings,
-        root / "experts" / args.dataset,
-        root / "teacher_cache",
-        _prompts(cfg),
-    )
+    with contextlib.ExitStack() as stack:
+        teacher = None
+        if settings.get("standin"):  # a local stand-in on 127.0.0.1 (config/real-smoke.yaml)
+            from .records import read_records
+            from .standin import StandinServer
+            from .teachers import OpenAITeacher
+
+            server = StandinServer(read_records(root / "data" / args.dataset / "train.jsonl", args.dataset))
+            teacher = OpenAITeacher({**settings, "base_url": stack.enter_context(server)})
+        summary = build_expert(
+            root / "data" / args.dataset,
+            args.dataset,
+            args.expert,
+            settings,
+            root / "experts" / args.dataset,
+            root / "teacher_cache",
+            _prompts(cfg),
+            teacher=teacher,
+        )
+        if teacher is not None:  # what the server answered, beside the stats it should match
+            atomic_write_json(root / "experts" / args.dataset / f"e{args.expert}.standin.json", server.answered)
     if cfg["mlflow"]["enabled"]:
         from .tracking import Tracker
 
@@ -514,6 +580,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="results root (default results/<profile>)")
     p.add_argument("--out", default=None, help="report folder (default report/<profile>)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("worker", help="a warm process that runs the DAG's jobs as forked children (worker.py)")
+    p.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("standin-byo", help="real-smoke: a bring-your-own trajectory file from the gold rationales")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--expert", type=int, required=True)
+    p.add_argument("--data", required=True, help="the prepared data set's folder (train.jsonl)")
+    p.add_argument("--out", required=True, help="folder; <dataset>/e<k>.jsonl goes inside")
+    p.set_defaults(func=cmd_standin_byo)
 
     p = sub.add_parser("gold-expert", help="real world: expert 0's trajectories from the gold rationales")
     p.add_argument("--dataset", required=True)

@@ -83,10 +83,10 @@ def rl_work(cfg: dict[str, Any], method: str, a: Assumptions) -> tuple[float, fl
 
 
 def eval_tokens(cfg: dict[str, Any], ds: str, method: str, a: Assumptions) -> float:
-    from .grid import eval_experts
+    from .grid import eval_experts, eval_max_new_tokens
 
     test = sizes(cfg, ds)[1] if cfg["eval"]["questions"] is None else min(cfg["eval"]["questions"], sizes(cfg, ds)[1])
-    return test * len(eval_experts(cfg, method)) * a.fill * (cfg["eval"]["max_new_tokens"] or 512)
+    return test * len(eval_experts(cfg, method)) * a.fill * eval_max_new_tokens(cfg, ds)
 
 
 def estimate(

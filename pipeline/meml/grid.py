@@ -129,6 +129,15 @@ def tiny_arch(cfg: dict[str, Any], model: str) -> str | None:
     return source.split(":", 1)[1] if source.startswith("tiny:") else None
 
 
+def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
+    """The folder below results/<profile>/models/ of a tiny model (its arch, plus its tokenizer
+    style unless toy: `qwen2`, `llama-llama-instruct`); None for a hub id or folder."""
+    from .tiny_models import folder_name
+
+    arch = tiny_arch(cfg, model)
+    return folder_name(arch, cfg["models"][model].get("tokenizer", "toy")) if arch else None
+
+
 def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     chosen = cfg["analysis"]["complementarity"]["models"]
     return [m for m in models(cfg) if chosen is None or m in chosen]
@@ -242,6 +251,12 @@ def check_lengths(cfg: dict[str, Any]) -> None:
             )
 
 
+def eval_max_new_tokens(cfg: dict[str, Any], dataset: str) -> int:
+    """Evaluation's length cap on a data set: `eval.max_new_tokens`, or (null) the data set's RL cap,
+    so an answer may run at evaluation exactly as long as it could in training."""
+    return int(cfg["eval"]["max_new_tokens"] or deep_rl(cfg, dataset)["max_new_tokens"])
+
+
 def deep_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
     """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
     from .config import deep_merge
@@ -286,11 +301,10 @@ def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
 def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
     """A method's `rl` overrides, merged into `rl`, must pass the schema of `rl` itself."""
     import jsonschema
-    import yaml
 
-    from .config import SCHEMA_PATH
+    from .config import schema as config_schema
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["rl"]
+    schema = config_schema()["properties"]["rl"]
     for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
         where = f"methods.{name}.rl" if cfg["methods"][name].get("rl") else f"rl_by_dataset.{dataset}"
         if dataset is None and not cfg["methods"][name].get("rl"):

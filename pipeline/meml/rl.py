@@ -219,6 +219,7 @@ def run_rl(
     params: dict[str, Any] | None = None,
     mlflow_params: dict[str, Any] | None = None,
     mlflow_settings: dict[str, Any] | None = None,
+    mlflow_tags: dict[str, str] | None = None,
     engine: RolloutEngine | None = None,
     precision: Precision | None = None,
     stop_after: int | None = None,
@@ -318,7 +319,14 @@ def run_rl(
     engine.sync_weights(policy)
     check_synced(engine, policy)
     tracker = (
-        Tracker(out, cell_key or method.name, mlflow_params or params or {}, mlflow_settings, resume_from_step=start)
+        Tracker(
+            out,
+            cell_key or method.name,
+            mlflow_params or params or {},
+            mlflow_settings,
+            resume_from_step=start,
+            tags=mlflow_tags,
+        )
         if dist.is_main
         else None
     )

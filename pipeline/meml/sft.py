@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,13 +84,25 @@ def run_sft(
     if main_process:
         shutil.rmtree(work, ignore_errors=True)
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
         raise DataError("model has no chat template; SFT needs one that marks assistant turns", model_dir)
     precision = precision or resolve("cpu")
     # fp32 master weights; bf16 runs train under the Trainer's autocast (precision.py)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = sft_examples(data_dir, experts_dir, experts, prompts)
+    # trl cuts an example at max_length without a word, and a cut example loses its answer line
+    lengths = [
+        len(tokenizer.apply_chat_template(e["messages"], tokenize=True, return_dict=True)["input_ids"])
+        for e in examples
+    ]
+    truncated = sum(n > int(settings["max_length"]) for n in lengths) / len(lengths)
+    if truncated > 0.05:
+        print(
+            f"SFT: {truncated:.0%} of the examples are longer than sft.max_length = {settings['max_length']} tokens "
+            "and are cut before their answer line; raise sft.max_length",
+            file=sys.stderr,
+        )
     config = SFTConfig(
         output_dir=str(work),
         learning_rate=float(settings["lr"]),
@@ -119,6 +132,7 @@ def run_sft(
     result = trainer.train()
     summary = {
         "examples": len(examples),
+        "truncated_at_max_length": round(truncated, 4),
         "experts": list(experts),
         "train_loss": round(float(result.training_loss), 4),
         "steps": int(result.global_step),

@@ -182,25 +182,38 @@ def save_atomically(folder: str | Path, tokenizer: Any, model: Any | None = None
         raise
 
 
+def folder_name(kind: str, style: str = "toy") -> str:
+    """The folder of a tiny model: its kind, with the tokenizer style unless it is the toy one."""
+    return kind if style == "toy" else f"{kind}-{style}"
+
+
 def build_tiny_models(
     corpus: Iterable[str],
     out_root: str | Path,
     seed: int,
     vocab_size: int = 2048,
     kinds: Iterable[str] = ("qwen2", "llama"),
+    styles: dict[str, str] | None = None,
 ) -> dict[str, Path]:
-    """Train one tokenizer on the corpus and save one random-initialised model per kind."""
-    tokenizer = train_tokenizer(corpus, vocab_size)
+    """Train a tokenizer on the corpus (one per tokenizer style) and save one random-initialised
+    model per kind, in out_root/<folder_name(kind, style)>. `styles`: kind -> style (default toy)."""
+    corpus = list(corpus)
+    tokenizers: dict[str, Any] = {}
     out = {}
     for kind in kinds:
-        folder = Path(out_root) / kind
-        save_atomically(folder, tokenizer, build_model(kind, tokenizer, seed))
-        out[kind] = folder
+        style = (styles or {}).get(kind, "toy")
+        if style not in tokenizers:
+            tokenizers[style] = train_tokenizer(corpus, vocab_size, style)
+        name = folder_name(kind, style)
+        save_atomically(Path(out_root) / name, tokenizers[style], build_model(kind, tokenizers[style], seed))
+        out[name] = Path(out_root) / name
     return out
 
 
-def toy_corpus(root: str | Path, prompts: Iterable[str]) -> list[str]:
-    """Every question, option list, rationale and expert trajectory of the toy world, plus the prompts."""
+def toy_corpus(root: str | Path, prompts: Iterable[str], with_experts: bool = True) -> list[str]:
+    """Every question, option list, rationale and (with_experts) expert trajectory of a world's
+    folder, plus the prompts. The real world's tokenizer is trained before any teacher has
+    written, so on its data alone (with_experts=False): the same corpus whatever ran first."""
     from .experts import user_message
     from .io import read_jsonl
     from .records import DATASETS, read_records
@@ -215,7 +228,7 @@ def toy_corpus(root: str | Path, prompts: Iterable[str]) -> list[str]:
             for record in read_records(data / f"{split}.jsonl"):
                 texts.append(user_message(record))
                 texts.append(record.rationale)
-        for path in sorted((root / "experts" / ds).glob("e*.jsonl")):
+        for path in sorted((root / "experts" / ds).glob("e*.jsonl")) if with_experts else []:
             texts += [row["completion"] for _, row in read_jsonl(path)]
     if len(texts) <= len(list(prompts)):
         raise DataError("no toy data found to train the tokenizer on", root)

@@ -72,11 +72,15 @@ def ensure_experiment(settings: dict[str, Any]) -> str:
     mlflow.set_tracking_uri(uri)
     name = settings["experiment"]
     experiment = mlflow.get_experiment_by_name(name)
-    if experiment is not None:
-        return str(experiment.experiment_id)
-    artifacts = settings.get("artifacts")
-    location = (Path(artifacts).resolve() / name).as_uri() if artifacts else None
-    return str(mlflow.create_experiment(name, artifact_location=location))
+    if experiment is None:
+        artifacts = settings.get("artifacts")
+        location = (Path(artifacts).resolve() / name).as_uri() if artifacts else None
+        experiment_id = str(mlflow.create_experiment(name, artifact_location=location))
+    else:
+        experiment_id = str(experiment.experiment_id)
+    if settings.get("description"):  # the UI shows this note on the experiment's page
+        mlflow.MlflowClient().set_experiment_tag(experiment_id, "mlflow.note.content", settings["description"])
+    return experiment_id
 
 
 def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:

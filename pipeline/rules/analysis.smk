@@ -12,7 +12,7 @@ rule complementarity:
     output:
         multiext(f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}", ".json", ".png", ".pdf"),
     params:
-        cfg=cli_config("profile", "world", "seed", "rl", "analysis", "experts", "reward"),
+        cfg=cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward"),
         model=",".join(f"{RESULTS}/sft/{{model}}/{{ds}}/{v}/model" for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
     threads: config["threads"]

@@ -14,7 +14,7 @@ rule evaluate:
     output:
         f"{RESULTS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.json",
     params:
-        cfg=cli_config("profile", "world", "device", "precision", "eval", "experts", "mlflow"),
+        cfg=cli_config("profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", "mlflow"),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=lambda w: rl_run_dir(w),
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
@@ -27,4 +27,5 @@ rule evaluate:
     shell:
         f"{ENV} {{MEML}} eval --checkpoint {{params.run}}/model --dataset {{wildcards.ds}} "
         "--experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
-        "{params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+        "{params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
+        f"&& {PROGRESS} {{output:q}} {PROGRESS_STATE} e{config['report']['headline_expert']}"

@@ -17,8 +17,15 @@ rule gold_expert:
         "--out {RESULTS}/real/experts/{wildcards.ds} > {log} 2>&1"
 
 
+def byo_file(wildcards):
+    """A bring-your-own teacher's file (backend jsonl), so that editing it reruns its expert."""
+    teacher = config["teachers"].get(f"e{wildcards.k}", {})
+    return [f"{teacher['path']}/{wildcards.ds}/e{wildcards.k}.jsonl"] if teacher.get("backend") == "jsonl" else []
+
+
 rule teacher_trajectories:
     input:
+        byo_file,
         f"{RESULTS}/real/data/{{ds}}/train.jsonl",
         rules.mlflow_store.output,
     output:
@@ -36,3 +43,15 @@ rule teacher_trajectories:
         f"{LOGS}/experts/{{ds}}_e{{k}}.log",
     shell:
         "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} > {log} 2>&1"
+
+
+rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from the gold rationales
+    input:
+        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+    output:
+        f"{RESULTS}/standin_byo/{{ds}}/e{{k}}.jsonl",
+    log:
+        f"{LOGS}/experts/{{ds}}_e{{k}}_standin_byo.log",
+    shell:
+        "{MEML} standin-byo --dataset {wildcards.ds} --expert {wildcards.k} --data {RESULTS}/real/data/{wildcards.ds} "
+        "--out {RESULTS}/standin_byo > {log} 2>&1"

@@ -1,23 +1,28 @@
-# Stage: the tiny local models that stand in for Qwen2.5-Math-1.5B and Llama-3.2-1B-Instruct in
-# the toy world (the real world loads its models by hub id in the SFT rule).
+# Stage: the tiny local models that stand in for Qwen2.5-Math-1.5B and Llama-3.2-1B-Instruct (the
+# toy world, and the real world on a CPU: config/real-smoke.yaml); a model given by hub id or
+# folder is loaded by the SFT rule. The tokenizer is trained on the world's own texts (the real
+# world's prepared data sets), in the style `models.<m>.tokenizer` names.
+TINY_FOLDERS = sorted({f for f in (grid.tiny_folder(config, m) for m in config["models"]) if f})
 
 
 rule tiny_models:
     input:
-        rules.toy_world.output,
+        rules.toy_world.output if WORLD == "toy" else expand(
+            f"{RESULTS}/real/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]
+        ),
     output:
-        expand(f"{RESULTS}/models/{{arch}}/config.json", arch=["qwen2", "llama"]),
+        expand(f"{RESULTS}/models/{{folder}}/config.json", folder=TINY_FOLDERS),
     params:
-        cfg=cli_config("seed", "toy", "experts"),
+        cfg=cli_config("seed", "world", "toy", "experts", "models"),
     threads: config["threads"]
     log:
         f"{LOGS}/tiny_models.log",
     shell:
-        f"{ENV} {{MEML}} tiny-models --root {RESULTS}/toy --out {RESULTS}/models --config-json {{params.cfg}} "
+        f"{ENV} {{MEML}} tiny-models --root {RESULTS}/{WORLD} --out {RESULTS}/models --config-json {{params.cfg}} "
         "> {log} 2>&1"
 
 
 def base_model_files(wildcards):
     """The tiny model's files, or nothing for a model loaded by hub id."""
-    arch = grid.tiny_arch(config, wildcards.model)
-    return [f"{RESULTS}/models/{arch}/config.json"] if arch else []
+    folder = grid.tiny_folder(config, wildcards.model)
+    return [f"{RESULTS}/models/{folder}/config.json"] if folder else []

@@ -1,0 +1,70 @@
+"""The warm worker runs a job as the fresh process would: same files, same exit code, its own
+folder and environment; without a worker the job runs in place."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT
+
+from meml import worker
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the worker forks: Linux only")
+
+
+def _job(tmp: Path, sock: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "pipeline"), "MEML_MARK": "from-the-job"}
+    env.pop("MEML_WORKER", None)
+    if sock is not None:
+        env["MEML_WORKER"] = str(sock)
+    return subprocess.run([sys.executable, "-m", "meml.run", *args], cwd=tmp, env=env, capture_output=True, text=True)
+
+
+def test_a_job_in_the_worker_equals_a_fresh_one(tmp_path: Path) -> None:
+    sock = tmp_path / "w.sock"
+    process = worker.start(sock, {"PYTHONPATH": str(PROJECT / "pipeline")})
+    assert process is not None, (tmp_path / "w.log").read_text()
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        warm = _job(tmp_path / "a", sock, "toy-world", "--out", "toy", "--set", "toy.sizes.gsm8k=[20,5]")
+        fresh = _job(tmp_path / "b", None, "toy-world", "--out", "toy", "--set", "toy.sizes.gsm8k=[20,5]")
+        assert warm.returncode == fresh.returncode == 0, warm.stderr + fresh.stderr
+        assert warm.stdout == fresh.stdout  # the job's stdout reached the caller
+        files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.jsonl"))
+        assert files and all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+        bad = _job(tmp_path, sock, "rl", "--dataset", "svamp")
+        assert bad.returncode == 2 and "error" in bad.stderr  # the exit code and stderr come back
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert not sock.exists()
+    gone = _job(tmp_path, sock, "toy-world", "--out", "c")  # no worker: the job runs in place
+    assert gone.returncode == 0 and (tmp_path / "c/data/gsm8k/train.jsonl").is_file()
+
+
+def test_progress_line_counts_jobs_and_estimates_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import time
+
+    from meml.progress import line
+
+    monkeypatch.chdir(tmp_path)
+    start = time.time() - 60  # a minute ago
+    (tmp_path / "state.json").write_text(json.dumps({"start": start, "total": 10}))
+    metadata = tmp_path / ".snakemake/metadata"
+    metadata.mkdir(parents=True)
+    records = [(1, start - 5), (2, start + 10), (3, start + 20), (3, start + 20), (4, start + 30)]
+    for i, (job, end) in enumerate(records):  # job 1 is an older run's; job 3 wrote two outputs
+        (metadata / f"out{i}").write_text(json.dumps({"job_hash": job, "endtime": end}))
+    cell = tmp_path / "results/t/eval/qwen2/gsm8k/MEML-GRPO/seed0.json"
+    cell.parent.mkdir(parents=True)
+    cell.write_text(json.dumps({"model": {"experts": {"e1": {"lenient": 0.125}}}}))
+    # 3 jobs of this run + this cell = 4 of 10 in 60 s: 15 s a job, 6 left, about 1.5 min
+    text = line(cell, tmp_path / "state.json")
+    assert text.startswith("[meml] 4/10 jobs, about 2 min left")
+    assert "qwen2/gsm8k/MEML-GRPO/seed0: expert 1 12.5%" in text
