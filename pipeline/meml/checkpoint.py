@@ -97,6 +97,13 @@ def latest(folder: str | Path) -> Path | None:
     return None
 
 
+def newest_marked(folder: str | Path) -> Path | None:
+    """The newest checkpoint with a COMPLETE marker, unverified (cheap: reads no state.pt)."""
+    root = Path(folder)
+    marked = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
+    return marked[-1] if marked else None
+
+
 def step_of(path: str | Path) -> int:
     """The step a checkpoint folder holds (the first line of its COMPLETE marker)."""
     return int((Path(path) / "COMPLETE").read_text().split()[0])

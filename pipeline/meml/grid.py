@@ -204,6 +204,16 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
     for i, name in enumerate(cfg["analysis"]["complementarity"]["models"] or []):
         if name not in cfg["models"]:
             raise DataError(f"unknown model '{name}'", None, None, f"analysis.complementarity.models[{i}]")
+    styles: dict[str, str] = {}
+    for name, model in cfg["models"].items():
+        arch = tiny_arch(cfg, name)
+        if arch and styles.setdefault(arch, model.get("tokenizer", "toy")) != model.get("tokenizer", "toy"):
+            raise DataError(
+                f"two tiny {arch} models with different tokenizer styles are not supported; use one style per arch",
+                None,
+                None,
+                f"models.{name}.tokenizer",
+            )
     for name, model in cfg["models"].items():
         source = str(model["source"])
         if source.startswith("tiny:") and source not in ("tiny:qwen2", "tiny:llama"):

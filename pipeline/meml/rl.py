@@ -289,10 +289,10 @@ def run_rl(
 
     # ---------------------------------------------------------------- only now touch the folder
     if dist.is_main:
-        last = checkpoint.latest(out / "checkpoints")
+        newest = checkpoint.newest_marked(out / "checkpoints")  # no checksum needed to read its step
         if not _same_params(out, params):
             _move_aside(out, "the cell's values changed", mlflow_settings)
-        elif last is not None and checkpoint.step_of(last) >= steps and not (out / "DONE").is_file():
+        elif newest is not None and checkpoint.step_of(newest) >= steps and not (out / "DONE").is_file():
             # a finished run whose DONE was removed (snakemake --forcerun): train it again
             _move_aside(out, "its DONE marker was removed (a forced rerun)", mlflow_settings)
         out.mkdir(parents=True, exist_ok=True)

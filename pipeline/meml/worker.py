@@ -95,8 +95,15 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
 
 
 def _handle(conn: socket.socket) -> None:
-    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
-    request = json.loads(message)
+    # the request: 8 bytes of length, then JSON; the job's stdout and stderr ride on the first chunk
+    head, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
+    size, body = struct.unpack("!q", head[:8])[0], head[8:]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the job closed the connection mid-request")
+        body += chunk
+    request = json.loads(body)
     pid = os.fork()
     if pid == 0:  # the job
         code = 1
@@ -154,8 +161,10 @@ def run_in_worker(path: str, argv: list[str]) -> int:
     the job has started, a lost worker is the job's failure, never a second start."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
-    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
-    socket.send_fds(conn, [json.dumps(request).encode()], [1, 2])
+    payload = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    message = struct.pack("!q", len(payload)) + payload
+    sent = socket.send_fds(conn, [message], [1, 2])
+    conn.sendall(message[sent:])
     pid = _receive(conn)  # a ConnectionError here: nothing started
 
     def forward(signum: int, _: Any) -> None:
