@@ -24,6 +24,7 @@ def _cfg() -> dict:
             "rl.questions_per_step": 2,
             "rl.group_size": 8,
             "rl.max_new_tokens": 32,
+            "rl_by_dataset": {},  # the default's GSM8K cap of 384 would override the 32
             "eval.questions": 10,
             "eval.max_new_tokens": 32,
             "toy.sizes.gsm8k": [100, 20],
@@ -47,6 +48,9 @@ def test_rl_work_by_hand() -> None:
     assert rl_work(cfg, "MoE-SFT-GRPO", A)[0] == 3 * 32 * 16  # G for each of three experts
     cfg["methods"]["MoE-SFT-GRPO"]["dynamic_sampling"] = 2
     assert rl_work(cfg, "MoE-SFT-GRPO", A)[0] == 3 * 3 * 32 * 16  # at most two extra rounds
+    # a budget in epochs on a data set: 0.5 x 100 questions / 2 a step = 25 steps, at its own cap
+    cfg["rl_by_dataset"] = {"gsm8k": {"epochs": 0.5, "max_new_tokens": 64}}
+    assert rl_work(cfg, "MEML-GRPO", A, "gsm8k")[0] == 25 * 2 * 8 * 32  # 400 rollouts of 32 tokens
 
 
 def test_estimate_by_hand() -> None:

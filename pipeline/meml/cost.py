@@ -19,6 +19,7 @@ This module imports no torch: the Snakefile prints the estimate on every (dry) r
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,18 @@ def sizes(cfg: dict[str, Any], ds: str) -> tuple[int, int]:
     return REAL_SIZES[ds]
 
 
-def rl_work(cfg: dict[str, Any], method: str, a: Assumptions) -> tuple[float, float]:
-    """(generated tokens, trained tokens) of one RL cell."""
+def rl_work(cfg: dict[str, Any], method: str, a: Assumptions, dataset: str | None = None) -> tuple[float, float]:
+    """(generated tokens, trained tokens) of one RL cell (on `dataset`: its rl_by_dataset settings,
+    and rl.epochs counted on its training size)."""
     from .grid import method_rl
 
-    s, sw = method_rl(cfg, method), cfg["methods"][method]
+    s, sw = method_rl(cfg, method, dataset), cfg["methods"][method]
     experts = len(sw["rl_experts"])
     per_question = s["group_size"] * (experts if s["spread"] == "per_expert" else 1)
-    rollouts = s["steps"] * s["questions_per_step"] * per_question
+    steps = s["steps"]
+    if s.get("epochs") is not None and dataset is not None:
+        steps = math.ceil(float(s["epochs"]) * sizes(cfg, dataset)[0] / s["questions_per_step"])
+    rollouts = steps * s["questions_per_step"] * per_question
     completion = a.fill * s["max_new_tokens"]
     generated = rollouts * completion * (1 + int(sw.get("dynamic_sampling") or 0))
     passes = s["updates_per_batch"] + (1 / 3 if s["updates_per_batch"] > 1 else 0)
@@ -99,7 +104,7 @@ def estimate(
     rows: list[dict[str, Any]] = []
     for cell in cells(cfg):
         t = throughput[cell.model]
-        generated, trained = rl_work(cfg, cell.method, a)
+        generated, trained = rl_work(cfg, cell.method, a, cell.dataset)
         evaluated = eval_tokens(cfg, cell.dataset, cell.method, a)
         rows.append(
             {
