@@ -78,3 +78,19 @@ def test_hsft_targets_end_like_the_templates_assistant_turn(qwen_base: Any) -> N
 def test_evaluation_stops_on_the_same_tokens(qwen_base: Any) -> None:
     assert generation_overrides(qwen_base, 64) == {"until": ["<|im_end|>", "<|endoftext|>"], "max_gen_toks": 64}
     assert generation_overrides(qwen_base, None) == {"until": ["<|im_end|>", "<|endoftext|>"]}
+
+
+def test_sft_counts_the_examples_it_would_cut(qwen_base: Any) -> None:
+    from meml.sft import truncated_share
+
+    def example(answer: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]}
+
+    short, long = example("#### 12"), example("The answer is 12. " * 40 + "#### 12")
+    lengths = [
+        len(qwen_base.apply_chat_template(e["messages"], tokenize=True, return_dict=True)["input_ids"])
+        for e in (short, long)
+    ]
+    cap = (lengths[0] + lengths[1]) // 2  # between the two: only the long one is cut
+    assert truncated_share(qwen_base, [short, long, short, short], cap) == 0.25
+    assert truncated_share(qwen_base, [short, long], max(lengths)) == 0.0

@@ -43,6 +43,15 @@ def sft_examples(
     return examples
 
 
+def truncated_share(tokenizer: Any, examples: list[dict[str, Any]], max_length: int) -> float:
+    """The share of SFT examples (chat messages) whose rendered conversation is longer than max_length."""
+    lengths = [
+        len(tokenizer.apply_chat_template(e["messages"], tokenize=True, return_dict=True)["input_ids"])
+        for e in examples
+    ]
+    return sum(n > max_length for n in lengths) / len(lengths) if lengths else 0.0
+
+
 def device_settings(precision: Precision) -> dict[str, Any]:
     """trl/transformers settings of a precision: fp32 on CPU (bf16 off, no checkpointing); bf16
     mixed precision (fp32 master weights) with gradient checkpointing on GPU by default."""
@@ -91,13 +100,8 @@ def run_sft(
     # fp32 master weights; bf16 runs train under the Trainer's autocast (precision.py)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = sft_examples(data_dir, experts_dir, experts, prompts)
-    # trl cuts an example at max_length without a word, and a cut example loses its answer line
-    lengths = [
-        len(tokenizer.apply_chat_template(e["messages"], tokenize=True, return_dict=True)["input_ids"])
-        for e in examples
-    ]
-    truncated = sum(n > int(settings["max_length"]) for n in lengths) / len(lengths)
-    if truncated > 0.05:
+    truncated = truncated_share(tokenizer, examples, int(settings["max_length"]))
+    if truncated > 0.05:  # trl cuts an example at max_length without a word, and it loses its answer line
         print(
             f"SFT: {truncated:.0%} of the examples are longer than sft.max_length = {settings['max_length']} tokens "
             "and are cut before their answer line; raise sft.max_length",
