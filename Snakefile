@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
@@ -80,7 +81,7 @@ PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
 
 onstart:
     Path(RESULTS).mkdir(parents=True, exist_ok=True)
-    PROGRESS_STATE.write_text(json.dumps({"start": __import__("time").time(), "total": len(workflow.dag)}))
+    PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag)}))
     _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(WORKER_SOCKET)  # inherited by every local job
