@@ -68,3 +68,25 @@ def test_progress_line_counts_jobs_and_estimates_time_left(tmp_path: Path, monke
     text = line(cell, tmp_path / "state.json")
     assert text.startswith("[meml] 4/10 jobs, about 2 min left")
     assert "qwen2/gsm8k/MEML-GRPO/seed0: expert 1 12.5%" in text
+
+
+def test_a_job_stopped_by_sigterm_fails(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    sock = tmp_path / "w.sock"
+    process = worker.start(sock, {"PYTHONPATH": str(PROJECT / "pipeline")})
+    assert process is not None
+    try:
+        env = {**os.environ, "PYTHONPATH": str(PROJECT / "pipeline"), "MEML_WORKER": str(sock)}
+        # a job that runs long enough to be stopped: a toy world of 20,000 GSM8K questions
+        job = subprocess.Popen(
+            [sys.executable, "-m", "meml.run", "toy-world", "--out", "x", "--set", "toy.sizes.gsm8k=[20000,5]"],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(3)
+        job.send_signal(signal.SIGTERM)  # what Snakemake sends a job it cancels; passed to the child
+        assert job.wait(timeout=60) != 0
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

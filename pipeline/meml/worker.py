@@ -70,6 +70,7 @@ def _receive(conn: socket.socket) -> int:
 
 def _child(request: dict[str, Any], fds: list[int]) -> int:
     """Run one job in the forked child: its folder, environment, argv, stdout and stderr."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's "exit quietly" is not the job's
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
     for fd in fds:
