@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from meml.experts import DEFAULT_PROMPTS
@@ -38,3 +39,13 @@ class ScriptedEngine:
             encoded = [self.tokenizer(r, add_special_tokens=False)["input_ids"] + eos for r in replies]
             out.append([Completion(ids, r, True) for ids, r in zip(encoded, replies, strict=True)])
         return out
+
+
+def scripted_engine(model_dir: Path, data_dir: Path) -> ScriptedEngine:
+    """A ScriptedEngine for the questions of data_dir/train.jsonl, with model_dir's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from meml.records import read_records
+
+    answers = {r.question: r.answer for r in read_records(data_dir / "train.jsonl")}
+    return ScriptedEngine(AutoTokenizer.from_pretrained(model_dir), answers)

@@ -9,21 +9,18 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT
-from scripted import ScriptedEngine
+from scripted import scripted_engine
 from test_rl import METHODS, tiny_settings
-from transformers import AutoTokenizer
 
 from meml import checkpoint
 from meml.io import DataError, read_jsonl
-from meml.records import read_records
 from meml.rl import Method, run_rl
 from meml.tracking import read_metrics
 
 
 def _run(world: Path, model: Path, out: Path, **changes: object) -> dict:
     data = world / "data/gsm8k"
-    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(model), answers)
+    engine = scripted_engine(model, data)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     settings = tiny_settings(**changes)
     return run_rl(settings, method, model, data, world / "experts/gsm8k", out, engine=engine, progress=False,
@@ -95,9 +92,8 @@ def test_a_damaged_newest_checkpoint_is_skipped(
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         data = small_world / "data/gsm8k"
-        answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
         settings = tiny_settings(steps=3)
-        engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+        engine = scripted_engine(base_model, data)
         run_rl(settings, Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"]), base_model, data,
                small_world / "experts/gsm8k", run, engine=engine, progress=False, params={"rl": settings},
                stop_after=2)  # fmt: skip

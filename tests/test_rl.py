@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from scripted import ScriptedEngine
+from scripted import ScriptedEngine, scripted_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.config import load_config
@@ -70,8 +70,7 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
     small_world: Path, base_model: Path, tmp_path: Path
 ) -> None:
     data = small_world / "data/gsm8k"
-    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    engine = scripted_engine(base_model, data)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     run_rl(
         tiny_settings(),
@@ -272,11 +271,10 @@ def _flush_run(
 ) -> dict[str, torch.Tensor]:
     """One MEML step whose buffer fills (capacity 2, scripted failures): the flush step's weights."""
     data = small_world / "data/gsm8k"
-    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
     settings = tiny_settings(steps=1, lambda_sft=lambda_sft)
     settings["buffer"].update(buffer)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    engine = scripted_engine(base_model, data)
     run_rl(settings, method, base_model, data, small_world / "experts/gsm8k", out, engine=engine, progress=False)
     assert json.loads((out / "metrics.jsonl").read_text())["hsft/flushes"] == 1
     return AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
@@ -302,8 +300,7 @@ def test_rl_budget_in_epochs_is_counted_on_the_data_sets_size(
     small_world: Path, base_model: Path, tmp_path: Path
 ) -> None:
     data = small_world / "data/gsm8k"
-    answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(base_model), answers)
+    engine = scripted_engine(base_model, data)
     method = Method.from_config("Expert1-SFT-GRPO", METHODS["Expert1-SFT-GRPO"])
     # 60 training questions, 2 a step: 0.05 epochs = 1.5 steps -> 2 (rl.steps 99 is not used)
     done = run_rl(tiny_settings(steps=99, epochs=0.05), method, base_model, data, small_world / "experts/gsm8k",

@@ -241,6 +241,7 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
                     None,
                     f"teachers.e{k}.max_tokens",
                 )
+    _check_rl_by_dataset(cfg)
     check_lengths(cfg)
     for name in used_methods(cfg):
         check_method(cfg, name, n_prompts)
@@ -314,11 +315,23 @@ def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
 
     from .config import schema as config_schema
 
+    if not cfg["methods"][name].get("rl"):
+        return
     schema = config_schema()["properties"]["rl"]
-    for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
-        where = f"methods.{name}.rl" if cfg["methods"][name].get("rl") else f"rl_by_dataset.{dataset}"
-        if dataset is None and not cfg["methods"][name].get("rl"):
-            continue
-        for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name, dataset)):
-            key = ".".join([where, *(str(p) for p in err.path)])
-            raise DataError(f"invalid RL override: {err.message}", None, None, key)
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name)):
+        key = ".".join([f"methods.{name}.rl", *(str(p) for p in err.path)])
+        raise DataError(f"invalid RL override: {err.message}", None, None, key)
+
+
+def _check_rl_by_dataset(cfg: dict[str, Any]) -> None:
+    """Each data set's `rl_by_dataset` entry, merged into `rl`, must pass the schema of `rl` itself
+    (checked once here, not again for every method)."""
+    import jsonschema
+
+    from .config import schema as config_schema
+
+    schema = config_schema()["properties"]["rl"]
+    for dataset in cfg.get("rl_by_dataset") or {}:
+        for err in jsonschema.Draft202012Validator(schema).iter_errors(deep_rl(cfg, dataset)):
+            key = ".".join([f"rl_by_dataset.{dataset}", *(str(p) for p in err.path)])
+            raise DataError(f"invalid RL setting: {err.message}", None, None, key)
