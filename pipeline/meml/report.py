@@ -16,98 +16,22 @@ from typing import Any
 
 import yaml
 
-from . import grid
+from . import extras, grid, summary
 from .experts import prompts_of
 from .io import DataError, atomic_write_text, read_json
-from .tables import MISSING, Table, fmt, fmt_diff, ours_paper_diff, to_latex, to_markdown
-from .tracking import read_metrics
-
-DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
-TOY_NOTE = (
-    "Toy scale: tiny randomly initialised models (about 1M parameters) trained for minutes on CPU on "
-    "synthetic data sets in the real data sets' formats. Compare the shape of the results with the "
-    "paper's, not the values."
+from .results import Results, ablation_flags, ablation_reference, subgroup_share
+from .tables import (
+    DATASET_TITLES,
+    MISSING,
+    TOY_NOTE,
+    Table,
+    fmt,
+    fmt_diff,
+    model_label,
+    ours_paper_diff,
+    to_latex,
+    to_markdown,
 )
-
-
-def model_label(cfg: dict[str, Any], model: str) -> str:
-    paper = cfg["models"][model]["paper_name"]
-    return f"{paper} (toy: {model})" if cfg["world"] == "toy" else paper
-
-
-class Results:
-    """Evaluation results and training curves of every cell in the grid, read from disk."""
-
-    def __init__(self, cfg: dict[str, Any], root: str | Path) -> None:
-        self.cfg = cfg
-        self.root = Path(root)
-        self.metric = cfg["reward"]["mode"]  # the checker mode the tables report
-        self.headline = f"e{cfg['report']['headline_expert']}"
-        self.evals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-        self._steps: dict[grid.Cell, list[dict[str, float]]] = {}
-        for cell in grid.cells(cfg):
-            path = self.root / "eval" / f"{cell.path}.json"
-            if not path.is_file():
-                raise DataError("evaluation result missing (run the grid first)", path)
-            self.evals.setdefault((cell.model, cell.dataset, cell.method), []).append(read_json(path)["model"])
-
-    def accuracy(self, model: str, ds: str, method: str, expert: str | None = None) -> list[float]:
-        """Per-seed accuracy in %, of one expert's prompt (default: the headline expert)."""
-        expert = expert or self.headline
-        return [
-            100 * e["experts"][expert][self.metric] for e in self.evals[(model, ds, method)] if expert in e["experts"]
-        ]
-
-    def vote(self, model: str, ds: str, method: str) -> list[float]:
-        """Per-seed vote accuracy in %, in the same checker mode as every other cell of the report."""
-        return [100 * e["majority_vote"][self.metric] for e in self.evals[(model, ds, method)] if "majority_vote" in e]
-
-    def finished(self, expert: str | None = None) -> list[tuple[float, str]]:
-        """(share of answers that ended within the token cap, cell) of one expert in every cell."""
-        expert = expert or self.headline
-        return [
-            (e["experts"][expert]["finished"], f"{model}/{ds}/{method}")
-            for (model, ds, method), runs in self.evals.items()
-            for e in runs
-            if "finished" in e["experts"].get(expert, {})
-        ]
-
-    def per_seed(self, models: list[str], datasets: list[str], method: str, get: Any = None) -> list[float]:
-        """Per-seed mean over the given models and data sets of the headline accuracy (or of
-        `get(model, ds, method)`, e.g. `self.vote`)."""
-        get = get or self.accuracy
-        columns = [get(m, ds, method) for m in models for ds in datasets]
-        return [statistics.fmean(seed_values) for seed_values in zip(*columns, strict=True)]
-
-    def average(self, model: str, method: str) -> list[float]:
-        """Per-seed mean over the grid's data sets."""
-        return self.per_seed([model], self.cfg["grid"]["datasets"], method)
-
-    def steps(self, model: str, ds: str, method: str, seed: int) -> list[dict[str, float]]:
-        """The step metrics of one cell (its metrics.jsonl), read once; several figures use them."""
-        cell = grid.Cell(model, ds, method, seed)
-        if cell not in self._steps:
-            path = self.root / "rl" / cell.path / "metrics.jsonl"
-            self._steps[cell] = read_metrics(path)  # a damaged file names its line
-        return self._steps[cell]
-
-    def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
-        """A metric per step (a name, or a function of the step's metrics), averaged over seeds."""
-        get = metric if callable(metric) else (lambda row: float(row[metric]))
-        runs = [[get(row) for row in self.steps(model, ds, method, s)] for s in self.cfg["grid"]["seeds"]]
-        steps = min(len(r) for r in runs) if runs else 0
-        return [statistics.fmean(r[i] for r in runs) for i in range(steps)]
-
-
-def subgroup_share(kind: str) -> Any:
-    """Share of (question, expert) subgroups whose rollouts are all wrong (kind="all_wrong") or all
-    right ("all_correct"), averaged over the method's experts: where GRPO has no gradient."""
-
-    def get(row: dict[str, float]) -> float:
-        values = [v for k, v in row.items() if k.startswith(f"subgroups/{kind}/expert")]
-        return statistics.fmean(values) if values else 0.0
-
-    return get
 
 
 def _methods_in(cfg: dict[str, Any], table: str) -> list[str]:
@@ -154,11 +78,6 @@ def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any])
     return table
 
 
-def _flags(cfg: dict[str, Any], method: str) -> dict[str, bool]:
-    m = cfg["methods"][method]
-    return {"moe": len(m["sft_experts"]) > 1, "hsft": bool(m["hsft"]), "iml": bool(m["iml"])}
-
-
 def ablation_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Table:
     models = grid.models(cfg)
     groups = [(model_label(cfg, m), ["ours", "paper", "diff"]) for m in models]
@@ -166,10 +85,8 @@ def ablation_table(cfg: dict[str, Any], results: Results, reference: dict[str, A
         "ablation", "Ablation: MoE / HSFT / IML, average over the data sets", ["MoE", "HSFT", "IML", "method"], groups
     )
     for method in _methods_in(cfg, "ablation"):
-        flags = _flags(cfg, method)
-        ref_row: dict[str, Any] = next(
-            (r for r in reference.get("ablation", []) if all(r[k] == v for k, v in flags.items())), {}
-        )
+        flags = ablation_flags(cfg, method)
+        ref_row = ablation_reference(reference, cfg, method)
         cells: list[str] = []
         for model in models:
             paper_name = cfg["models"][model]["paper_name"]
@@ -430,8 +347,6 @@ def build(
     ]
     if cfg["world"] == "real":
         tables.append(teachers_table(cfg, root, len(prompts_of(cfg))))
-    from . import extras  # it builds on this module's tables
-
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     written: list[Path] = []
@@ -450,7 +365,7 @@ def build(
                 shutil.copyfile(source, target)
                 written.append(target)
     index = out / "index.md"
-    atomic_write_text(index, index_page(cfg, tables, written, out, extras.summary(cfg, results, root)))
+    atomic_write_text(index, index_page(cfg, tables, written, out, summary.render(cfg, results, root, reference)))
     written.append(index)
     return written
 

@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 MISSING = "–"
+DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
+TOY_NOTE = (
+    "Toy scale: tiny randomly initialised models (about 1M parameters) trained for minutes on CPU on "
+    "synthetic data sets in the real data sets' formats. Compare the shape of the results with the "
+    "paper's, not the values."
+)
+
+
+def model_label(cfg: dict[str, Any], model: str) -> str:
+    paper = cfg["models"][model]["paper_name"]
+    return f"{paper} (toy: {model})" if cfg["world"] == "toy" else paper
 
 
 @dataclass

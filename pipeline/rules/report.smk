@@ -7,6 +7,13 @@ TABLES = (
     + (["teachers"] if WORLD == "real" else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
 )
+
+
+def project_file(path):
+    """A file named relative to the working folder, else to the workflow (the defaults are)."""
+    return path if Path(path).is_absolute() or Path(path).is_file() else str(Path(workflow.basedir) / path)
+
+
 COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
 
 
@@ -16,6 +23,8 @@ rule report:
         curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
         complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
         mlflow=rules.mlflow_store.output,
+        reference=project_file(config["report"]["reference"]),
+        claims=project_file(config["report"]["claims"]),
         teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])
         if WORLD == "real"
         else [],

@@ -1,0 +1,118 @@
+"""Paired comparisons with confidence intervals, Holm's correction, and the smallest detectable
+difference: the statistics behind every verdict of the report.
+
+A comparison is method A minus method B on the same test questions and the same seeds. One cell
+(one model on one data set) gives a matrix x[s, q] of paired differences, S seeds by n questions.
+Two things vary in such a study: training (a seed trains a better or a worse model, which moves
+every question of that seed) and the test sample (the n questions are a draw from the data set).
+A t-interval over per-seed means sees only the first; a bootstrap over questions only the second.
+We treat seed and question as crossed random effects (two-way ANOVA, one observation per cell):
+
+    x[s, q] = mu + a_s + b_q + e_sq,    Var(mean of x) = s2_seed / S + s2_question / n + s2_e / (S n)
+
+with the variance components estimated from the mean squares (negative estimates set to 0, which
+errs wide) and Satterthwaite's degrees of freedom for the t quantile. With one seed the interval
+covers the test sample only; with one question per seed (a per-seed quantity such as the final
+training reward) it is the t-interval over seeds. Cells are independent runs: an average over
+cells adds their variances. Why not a bootstrap: with 5 seeds a resampling interval is too narrow
+(it has 5 distinct seed sets to draw from), and this estimator is exact enough to check by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean, its standard error and the degrees of freedom of its t quantile (df 0: no interval)."""
+
+    mean: float
+    se: float
+    df: float
+
+    @property
+    def has_interval(self) -> bool:
+        return self.df > 0 and math.isfinite(self.se)
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        half = self.se * _t(1 - (1 - level) / 2, self.df)
+        return self.mean - half, self.mean + half
+
+    def p_value(self, null: float = 0.0) -> float:
+        """Two-sided p-value of `mean == null` (with se 0: 0 when the mean differs from it, else 1)."""
+        if self.se == 0:
+            return 1.0 if self.mean == null else 0.0
+        return float(2 * sps.t.sf(abs(self.mean - null) / self.se, self.df))
+
+    def detectable(self, alpha: float = 0.05, power: float = 0.8) -> float:
+        """The smallest true difference a two-sided test at `alpha` finds with probability `power`."""
+        return self.se * (_t(1 - alpha / 2, self.df) + _t(power, self.df))
+
+
+def _t(p: float, df: float) -> float:
+    return float(sps.t.ppf(p, max(df, 1.0)))
+
+
+def cell_estimate(x: np.ndarray) -> Estimate:
+    """The mean of an S x n matrix (seeds x questions) with the crossed-effects standard error."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.size == 0:
+        raise ValueError(f"expected a non-empty seeds x questions matrix, got shape {x.shape}")
+    n_seeds, n_q = x.shape
+    mean = float(x.mean())
+    if n_seeds == 1 and n_q == 1:
+        return Estimate(mean, math.nan, 0.0)
+    if n_seeds == 1 or n_q == 1:  # one random effect: the plain t-interval over the other axis
+        values = x.ravel()
+        return Estimate(mean, float(values.std(ddof=1) / math.sqrt(values.size)), float(values.size - 1))
+    rows, cols = x.mean(axis=1), x.mean(axis=0)
+    df_s, df_q, df_e = n_seeds - 1, n_q - 1, (n_seeds - 1) * (n_q - 1)
+    ms_s = n_q * float(((rows - mean) ** 2).sum()) / df_s
+    ms_q = n_seeds * float(((cols - mean) ** 2).sum()) / df_q
+    ms_e = float(((x - rows[:, None] - cols[None, :] + mean) ** 2).sum()) / df_e
+    # Var(mean) = (MS_s + MS_q - MS_e) / (S n) when both components are positive; a component whose
+    # mean square falls below MS_e is estimated as 0 and drops out together with its -MS_e.
+    kept = [(ms, df) for ms, df in ((ms_s, df_s), (ms_q, df_q)) if ms > ms_e]
+    parts = [((1 - len(kept)) * ms_e, df_e), *kept]
+    total = sum(v for v, _ in parts)
+    se = math.sqrt(max(total, 0.0) / (n_seeds * n_q))
+    return Estimate(mean, se, _satterthwaite(parts))
+
+
+def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
+    """Degrees of freedom of a sum of independent variance estimates (value, df)."""
+    total = sum(v for v, _ in parts)
+    denominator = sum(v * v / df for v, df in parts if df > 0)
+    if total <= 0 or denominator <= 0:
+        return float(min(df for _, df in parts))
+    return max(1.0, total * total / denominator)
+
+
+def average(estimates: Sequence[Estimate]) -> Estimate:
+    """The mean of independent cells' estimates (each cell weighs the same)."""
+    if not estimates:
+        raise ValueError("nothing to average")
+    k = len(estimates)
+    mean = sum(e.mean for e in estimates) / k
+    if not all(e.has_interval for e in estimates):
+        return Estimate(mean, math.nan, 0.0)
+    variances = [(e.se**2 / k**2, e.df) for e in estimates]
+    return Estimate(mean, math.sqrt(sum(v for v, _ in variances)), _satterthwaite(variances))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order (family-wise error at any level)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
