@@ -97,6 +97,8 @@ def stop_worker():
 
 onerror:
     stop_worker()
+    for failure in calibration_failures():
+        print(failure, file=sys.stderr)
 GPU = 1 if config["device"] == "cuda" else 0
 PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
 
@@ -140,6 +142,7 @@ include: "pipeline/rules/data.smk"
 include: "pipeline/rules/experts.smk"
 include: "pipeline/rules/models.smk"
 include: "pipeline/rules/sft.smk"
+include: "pipeline/rules/calibration.smk"
 include: "pipeline/rules/rl.smk"
 include: "pipeline/rules/eval.smk"
 include: "pipeline/rules/analysis.smk"

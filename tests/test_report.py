@@ -77,6 +77,20 @@ def _write_results(cfg: dict, root: Path) -> None:
         ]  # fmt: skip
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
+    for model, ds, variant in grid.calibrated(cfg):  # MoE models in range; expert-1-only ones not
+        moe = variant == "e0-e1-e2"
+        calibration = {
+            "rollout_success": {"e0": 0.3, "e1": 0.25, "e2": 0.4} if moe else {"e1": 0.05},
+            "finished": {"e0": 1.0, "e1": 0.97, "e2": 0.99} if moe else {"e1": 0.5},
+            "greedy": {"expert": 1, "questions": 10, "accuracy": 0.3 if moe else 0.0},
+            "answer_balance": None if ds == "gsm8k" else {"largest_class": "b", "largest_share": 0.24},
+            "in_range": moe,
+            "problems": [] if moe else ["expert 1's rollout success 0.05 is outside ..."],
+        }
+        path = root / "calibration" / model / ds / f"{variant}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(calibration))
+
     stats = {
         "error_rate": {"e0": 0.35, "e1": 0.25, "e2": 0.20},
         "all_wrong_among_wrong": 0.10,
@@ -172,6 +186,16 @@ def test_sparsity_table_and_dashboard(built: tuple[dict, Path]) -> None:
     assert row[2:6] == ["75.0 ± 0.0", "12.5 ± 0.0", "3.0 ± 0.0", "2.0 ± 0.0"]
     for ds in ("gsm8k", "mathqa"):
         assert (out / f"figures/sparsity_{ds}.png").stat().st_size > 1000
+
+
+def test_calibration_table_and_warnings(built: tuple[dict, Path]) -> None:
+    _, out = built
+    table = (out / "tables/calibration.md").read_text()
+    assert _row(table, "GSM8K", "e0-e1-e2")[3:] == ["e0 30 · e1 25 · e2 40", "97", "30.0", "–", "yes"]
+    assert _row(table, "MathQA", "e1")[3:] == ["e1 5", "50", "0.0", "b 24", "no"]
+    index = (out / "index.md").read_text()
+    assert "- qwen2/mathqa/e1: expert 1's rollout success 0.05 is outside ..." in index
+    assert "qwen2/gsm8k/e0-e1-e2:" not in index  # in range: no warning
 
 
 def test_every_file_and_the_index(built: tuple[dict, Path]) -> None:

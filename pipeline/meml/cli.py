@@ -355,6 +355,39 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in stats.items() if k != "patterns"}, indent=1))
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from .calibration import calibrate
+    from .grid import deep_rl
+    from .records import check_dataset_name
+    from .rollout import Sampling
+
+    cfg = _config(args)
+    check_dataset_name(args.dataset, "--dataset")
+    rl = deep_rl(cfg, args.dataset)  # RL's sampling on this data set: what the gate is about
+    settings = cfg["calibration"]
+    experts = [int(k) for k in args.experts.split(",")]
+    headline = cfg["report"]["headline_expert"]
+    result = calibrate(
+        args.out,
+        settings["gate"],
+        settings["ranges"],
+        args.where,
+        model_dir=args.checkpoint,
+        data_root=Path(args.data_root) if args.data_root else _world(cfg) / "data",
+        dataset=args.dataset,
+        experts=experts,
+        headline=headline if headline in experts else experts[0],
+        sampling=Sampling(int(rl["max_new_tokens"]), float(rl["temperature"]), float(rl["top_p"])),
+        train_questions=settings["train_questions"],
+        samples=settings["samples"],
+        test_questions=settings["test_questions"],
+        prompts=_prompts(cfg),
+        mode=cfg["reward"]["mode"],
+        seed=cfg["seed"],
+    )
+    print(json.dumps(result, indent=1))
+
+
 def cmd_mlflow_init(args: argparse.Namespace) -> None:
     from .tracking import ensure_experiment
 
@@ -569,6 +602,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", default=None)
     p.add_argument("--out", required=True, help="output stem: <out>.json, <out>.png, <out>.pdf")
     p.set_defaults(func=cmd_complementarity)
+
+    p = sub.add_parser("calibrate", help="the calibration gate: is an MEF model in the informative range?")
+    with_config(p)
+    p.add_argument("--checkpoint", required=True, help="the MEF model")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--experts", required=True, help="the experts it was trained on, e.g. 0,1,2")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--where", default="this model", help="how the gate's message names the model")
+    p.add_argument("--out", required=True, help="the calibration JSON")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("mlflow-init", help="create the MLflow store and the profile's experiment, once")
     with_config(p)

@@ -123,6 +123,11 @@ def sft_variants(cfg: dict[str, Any]) -> list[str]:
     return sorted(needed | set(complementarity_sft_variants(cfg)))
 
 
+def calibrated(cfg: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(model, data set, SFT variant) of every MEF model some cell starts RL from: the gate's list."""
+    return sorted({(c.model, c.dataset, sft_variant(cfg["methods"][c.method]["sft_experts"])) for c in cells(cfg)})
+
+
 def tiny_arch(cfg: dict[str, Any], model: str) -> str | None:
     """`tiny:qwen2` -> "qwen2"; None for a hub id or folder."""
     source = str(cfg["models"][model]["source"])

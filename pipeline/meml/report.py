@@ -251,6 +251,50 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
     return table
 
 
+def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
+    """The gate's measurements of every MEF model RL starts from (calibration.py)."""
+    ranges = cfg["calibration"]["ranges"]
+    columns = ["rollout success", "finished (lowest)", "greedy accuracy", "largest answer class", "in range"]
+    table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
+                  [("measured", columns)])  # fmt: skip
+    for model, ds, variant in grid.calibrated(cfg):
+        c = read_json(root / "calibration" / model / ds / f"{variant}.json")
+        balance = c.get("answer_balance")
+        table.add(
+            [model_label(cfg, model), DATASET_TITLES[ds], variant],
+            [
+                " · ".join(f"{e} {100 * v:.0f}" for e, v in c["rollout_success"].items()),
+                f"{100 * min(c['finished'].values()):.0f}",
+                f"{100 * c['greedy']['accuracy']:.1f}",
+                MISSING if not balance else f"{balance['largest_class']} {100 * balance['largest_share']:.0f}",
+                "yes" if c["in_range"] else "no",
+            ],
+        )
+    table.notes = [
+        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        f"In %. rollout success: correct samples per expert on {cfg['calibration']['train_questions']} training "
+        f"questions x {cfg['calibration']['samples']}, at RL's temperature and length cap (range "
+        f"{_pct(ranges['rollout_success'])}); finished: the lowest expert's share ending within the cap (range "
+        f"{_pct(ranges['finished'])}); greedy accuracy: the headline expert on the first test questions (range "
+        f"{_pct(ranges['greedy_accuracy'])}); largest answer class: its share of the test split (a constant "
+        f"answer scores it). Gate: {cfg['calibration']['gate']}.",
+    ]
+    return table
+
+
+def _pct(pair: list[float]) -> str:
+    return f"{100 * pair[0]:.0f}-{100 * pair[1]:.0f}"
+
+
+def calibration_warnings(cfg: dict[str, Any], root: Path) -> list[str]:
+    """One line per MEF model outside the informative range (the gate's problems)."""
+    lines = []
+    for model, ds, variant in grid.calibrated(cfg):
+        for problem in read_json(root / "calibration" / model / ds / f"{variant}.json")["problems"]:
+            lines.append(f"- {model}/{ds}/{variant}: {problem}")
+    return lines
+
+
 def _pyplot() -> Any:
     import matplotlib
 
@@ -344,6 +388,7 @@ def build(
         vote_table(cfg, results),
         complementarity_table(cfg, root, reference),
         sparsity_table(cfg, results),
+        calibration_table(cfg, root),
     ]
     if cfg["world"] == "real":
         tables.append(teachers_table(cfg, root, len(prompts_of(cfg))))
@@ -365,7 +410,12 @@ def build(
                 shutil.copyfile(source, target)
                 written.append(target)
     index = out / "index.md"
-    atomic_write_text(index, index_page(cfg, tables, written, out, summary.render(cfg, results, root, reference)))
+    lines = summary.render(cfg, results, root, reference)
+    warnings = calibration_warnings(cfg, root)
+    if warnings:  # the gate was set to warn: say which models are outside the informative range
+        lines += ["", "Calibration warnings (the MEF models outside the informative range; see the calibration table):"]
+        lines += warnings
+    atomic_write_text(index, index_page(cfg, tables, written, out, lines))
     written.append(index)
     return written
 

@@ -3,7 +3,7 @@
 # the outputs marked report() below, with their captions from pipeline/report/.
 
 TABLES = (
-    ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
+    ["main", "ablation", "majority_vote", "complementarity", "sparsity", "calibration"]
     + (["teachers"] if WORLD == "real" else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
 )
@@ -23,6 +23,7 @@ rule report:
         curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
         complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
         mlflow=rules.mlflow_store.output,
+        calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),
         teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])
@@ -55,7 +56,8 @@ rule report:
         index=f"{REPORT}/index.md",
     params:
         cfg=cli_config(
-            "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts"
+            "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
+            "calibration"
         ),
     log:
         f"{LOGS}/report.log",

@@ -3,15 +3,15 @@
 # launch.processes > 1 each job runs data-parallel on that many GPUs (accelerate launch).
 
 
-def sft_done(wildcards):
-    variant = grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
-    return f"{RESULTS}/sft/{wildcards.model}/{wildcards.ds}/{variant}/DONE"
+def sft_variant(wildcards):
+    return grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
 
 
 rule rl:
     input:
-        sft_done,
-        rules.mlflow_store.output,
+        sft=lambda w: f"{RESULTS}/sft/{w.model}/{w.ds}/{sft_variant(w)}/DONE",
+        calibration=lambda w: f"{RESULTS}/calibration/{w.model}/{w.ds}/{sft_variant(w)}.json",
+        mlflow=rules.mlflow_store.output,
     output:
         f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
     params:

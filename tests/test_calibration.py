@@ -1,0 +1,77 @@
+"""The calibration gate: values checked against their ranges, the message that names the setting
+to change, and the stop / warn behaviour on a real (untrained, so out of range) tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meml.calibration import CalibrationError, answer_balance, calibrate, check
+from meml.experts import DEFAULT_PROMPTS
+from meml.rollout import Sampling
+
+RANGES = {"rollout_success": [0.2, 0.45], "greedy_accuracy": [0.25, 0.6], "finished": [0.95, 1.0]}
+
+
+def test_check_names_each_value_outside_its_range_and_what_moves_it() -> None:
+    result = {
+        "dataset": "gsm8k",
+        "rollout_success": {"e0": 0.30, "e1": 0.05},
+        "finished": {"e0": 1.0, "e1": 0.90},
+        "greedy": {"expert": 1, "accuracy": 0.40},
+    }
+    problems = check(result, RANGES)
+    assert problems == [
+        "expert 1's rollout success 0.05 is outside calibration.ranges.rollout_success [0.2, 0.45]; "
+        "change sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
+        "expert 1's finished share 0.90 is outside calibration.ranges.finished [0.95, 1.0]; "
+        "change rl_by_dataset.gsm8k.max_new_tokens (or rl.max_new_tokens), sft.epochs",
+    ]
+    result["rollout_success"]["e1"], result["finished"]["e1"] = 0.2, 0.95  # the bounds are inside
+    assert check(result, RANGES) == []
+
+
+def test_answer_balance_is_the_largest_class_share() -> None:
+    assert answer_balance(["yes", "no", "Yes", "yes"]) == {"largest_class": "yes", "largest_share": 0.75, "classes": 2}
+
+
+@pytest.fixture(scope="module")
+def untrained(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from meml.tiny_models import build_tiny_models, toy_corpus
+
+    out = tmp_path_factory.mktemp("calibration-models")
+    return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["qwen2"]
+
+
+def _run(untrained: Path, small_world: Path, out: Path, gate: str) -> dict:
+    return calibrate(
+        out, gate, RANGES, "qwen2/gsm8k/e0-e1-e2",
+        model_dir=untrained, data_root=small_world / "data", dataset="gsm8k", experts=[0, 1, 2], headline=1,
+        sampling=Sampling(12, 0.7), train_questions=3, samples=2, test_questions=4,
+        prompts=DEFAULT_PROMPTS, mode="lenient", seed=0,
+    )  # fmt: skip
+
+
+def test_gate_stop_raises_with_the_message_and_writes_no_result(
+    untrained: Path, small_world: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "calibration" / "e0-e1-e2.json"
+    with pytest.raises(CalibrationError, match=r"calibration of qwen2/gsm8k/e0-e1-e2 \(calibration.gate: stop\)"):
+        _run(untrained, small_world, out, "stop")
+    assert not out.exists()  # nothing half-written: RL's input is missing, so RL never starts
+    note = out.with_suffix(".failed").read_text()
+    assert "expert 0's rollout success 0.00 is outside calibration.ranges.rollout_success [0.2, 0.45]" in note
+
+
+def test_gate_warn_writes_the_measurements(untrained: Path, small_world: Path, tmp_path: Path) -> None:
+    out = tmp_path / "e0-e1-e2.json"
+    result = _run(untrained, small_world, out, "warn")
+    saved = json.loads(out.read_text())
+    assert saved == result and saved["in_range"] is False and saved["problems"]
+    # an untrained model: no correct answer, and 12 tokens are too few to finish
+    assert saved["rollout_success"] == {"e0": 0.0, "e1": 0.0, "e2": 0.0}
+    assert saved["greedy"] == {"expert": 1, "questions": 4, "accuracy": 0.0, "finished": saved["greedy"]["finished"]}
+    assert saved["train_questions"] == 3 and saved["samples"] == 2 and saved["answer_balance"] is None
+    assert not out.with_suffix(".failed").exists()
