@@ -91,3 +91,15 @@ def test_five_expert_world_adds_two_distinct_checked_styles(tmp_path: Path) -> N
     # a 3-expert world built over it removes the extra styles again
     build_world(tmp_path, 0, SIZES)
     assert not (tmp_path / "experts" / "gsm8k" / "e3.jsonl").exists()
+
+
+def test_gsm8k_max_ops_caps_the_chain_and_leaves_the_default_alone() -> None:
+    import random
+
+    from meml.toy import gsm8k
+
+    short = gsm8k.generate(random.Random(3), 200, max_ops=1)
+    assert all(sum(not s.side for s in p.steps) == 1 for _, p in short)
+    mixed = gsm8k.generate(random.Random(3), 200)
+    assert max(sum(not s.side for s in p.steps) for _, p in mixed) == 5
+    assert [row for row, _ in gsm8k.generate(random.Random(3), 200, max_ops=5)] == [row for row, _ in mixed]

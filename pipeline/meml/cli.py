@@ -51,7 +51,8 @@ def cmd_toy_world(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
-    for summary in build_world(args.out, cfg["seed"], sizes, len(_prompts(cfg))):  # type: ignore[arg-type]
+    built = build_world(args.out, cfg["seed"], sizes, len(_prompts(cfg)), cfg["toy"]["gsm8k_max_ops"])  # type: ignore[arg-type]
+    for summary in built:
         print(f"{summary['dataset']}: {summary['train']} train / {summary['test']} test -> {args.out}")
 
 

@@ -214,7 +214,8 @@ def teachers_table(cfg: dict[str, Any], root: Path, n_experts: int) -> Table:
 def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
     """How often GRPO had no signal, and how often MEML's two mechanisms fired, per cell."""
     groups = [
-        (DATASET_TITLES[ds], ["all wrong", "all right", "IML pairs", "HSFT flushes"]) for ds in cfg["grid"]["datasets"]
+        (DATASET_TITLES[ds], ["all wrong", "all right", "IML pairs", "HSFT flushes", "cut"])
+        for ds in cfg["grid"]["datasets"]
     ]
     table = Table(
         "sparsity", "Reward sparsity during RL, and how often IML and HSFT fired", ["model", "method"], groups
@@ -239,16 +240,28 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
                 ),
                 fmt([sum(r["iml/pairs"] for r in rows) for rows in per_seed if rows]),
                 fmt([rows[-1]["hsft/flushes"] for rows in per_seed if rows]),
+                _truncated(cfg, method, [r for rows in per_seed for r in rows]),
             ]
         table.add([model_label(cfg, model), method], cells)
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         "all wrong / all right: % of (question, expert) subgroups whose rollouts all fail / all succeed, mean over "
         "steps and the method's experts (GRPO gets no gradient from either); IML pairs: total over training; "
-        "HSFT flushes: SFT updates from the hard-example buffer. The paper reports none of these. The extra "
+        "HSFT flushes: SFT updates from the hard-example buffer; cut: % of each expert's rollouts cut at "
+        "max_new_tokens (they score 0), mean over steps and seeds. The paper reports none of these. The extra "
         "methods (if any) ran on extras.datasets only.",
     ]
     return table
+
+
+def _truncated(cfg: dict[str, Any], method: str, rows: list[dict[str, float]]) -> str:
+    """Each expert's share of rollouts cut at the length cap, e.g. "e0 0 · e1 4 · e2 1"."""
+    parts = []
+    for k in cfg["methods"][method]["rl_experts"]:
+        values = [r[f"completion/truncated/expert{k}"] for r in rows if f"completion/truncated/expert{k}" in r]
+        if values:
+            parts.append(f"e{k} {100 * statistics.fmean(values):.0f}")
+    return " · ".join(parts) or MISSING
 
 
 def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
@@ -358,12 +371,20 @@ def reward_curves(cfg: dict[str, Any], results: Results, out_dir: Path) -> list[
         fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False, sharey=True)
         for ax, model in zip(axes[0], models, strict=True):
             for method in methods:
+                runs = results.curves(model, ds, method)
                 curve = results.curve(model, ds, method)
-                ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=method)
+                steps = range(1, len(curve) + 1)
+                (line,) = ax.plot(steps, curve, marker="o", markersize=3, label=method)
+                if len(runs) > 1:  # the band: lowest to highest seed at each step
+                    low = [min(step) for step in zip(*runs, strict=True)]
+                    high = [max(step) for step in zip(*runs, strict=True)]
+                    ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
             ax.set_title(model_label(cfg, model), fontsize=9)
             ax.set_xlabel("RL step")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("mean training reward")
+        axes[0][0].set_ylabel(
+            "mean training reward" + (" (band: seeds' range)" if len(cfg["grid"]["seeds"]) > 1 else "")
+        )
         axes[0][-1].legend(fontsize=7)
         written += _save(fig, cfg, f"{DATASET_TITLES[ds]}: training reward per step", out_dir / f"reward_curves_{ds}")
     return written

@@ -102,12 +102,18 @@ class Results:
             self._steps[cell] = read_metrics(path)  # a damaged file names its line
         return self._steps[cell]
 
-    def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
-        """A metric per step (a name, or a function of the step's metrics), averaged over seeds."""
+    def curves(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[list[float]]:
+        """A metric per step (a name, or a function of the step's metrics), one list per seed, cut
+        to the shortest run."""
         get = metric if callable(metric) else (lambda row: float(row[metric]))
         runs = [[get(row) for row in self.steps(model, ds, method, s)] for s in self.cfg["grid"]["seeds"]]
         steps = min(len(r) for r in runs) if runs else 0
-        return [statistics.fmean(r[i] for r in runs) for i in range(steps)]
+        return [r[:steps] for r in runs]
+
+    def curve(self, model: str, ds: str, method: str, metric: Any = "reward/mean") -> list[float]:
+        """A metric per step, averaged over seeds."""
+        runs = self.curves(model, ds, method, metric)
+        return [statistics.fmean(step) for step in zip(*runs, strict=True)] if runs else []
 
 
 def subgroup_share(kind: str) -> Any:

@@ -478,6 +478,10 @@ def run_rl(
             metrics[f"reward/expert{k}"] = float(rewards[:, e, : counts[e]].mean())
             metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
             metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
+            # the share of the expert's rollouts cut at max_new_tokens (a cut answer scores 0)
+            ends = [completions[q][e][r].finished for q, ee, r in cells if ee == e]
+            done, total = sum(dist.gather(sum(ends))), sum(dist.gather(len(ends)))
+            metrics[f"completion/truncated/expert{k}"] = 1.0 - done / total if total else 0.0
         question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
         metrics.update(
             {

@@ -57,10 +57,12 @@ class Problem:
     item: str
 
 
-def make_problem(rng: random.Random) -> Problem:
+def make_problem(rng: random.Random, max_ops: int | None = None) -> Problem:
+    """One problem; `max_ops` keeps the first max_ops of the 1-5 operation counts (same weights)."""
     person = rng.choice(NAMES)
     item, container = rng.choice(ITEMS)
-    n_ops = rng.choices([1, 2, 3, 4, 5], weights=[4, 4, 3, 2, 1])[0]
+    counts = [1, 2, 3, 4, 5][: max_ops or None]
+    n_ops = rng.choices(counts, weights=[4, 4, 3, 2, 1][: len(counts)])[0]
     # Mostly small numbers, so that a tiny model can learn the arithmetic facts; a fifth of the
     # problems use larger ones, and long chains grow their numbers: the hard tail.
     big = rng.random() < 0.2
@@ -171,12 +173,12 @@ def render_e2(p: Problem, rng: random.Random) -> str:
     return "\n".join(out)
 
 
-def generate(rng: random.Random, count: int) -> list[tuple[dict[str, str], Problem]]:
+def generate(rng: random.Random, count: int, max_ops: int | None = None) -> list[tuple[dict[str, str], Problem]]:
     """`count` distinct problems as GSM8K rows ({"question", "answer"}) with their solutions."""
     seen: set[str] = set()
     out: list[tuple[dict[str, str], Problem]] = []
     while len(out) < count:
-        p = make_problem(rng)
+        p = make_problem(rng, max_ops)
         if p.question in seen:
             continue
         seen.add(p.question)

@@ -31,8 +31,10 @@ from .styles import render_e3, render_e4
 Renderer = Callable[[Record], tuple[str, str, int]]  # record -> (E1, E2, difficulty)
 
 
-def _write_gsm8k(raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int) -> Renderer:
-    items = toy_gsm8k.generate(rng, n_train + n_test)
+def _write_gsm8k(
+    raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int, max_ops: int | None = None
+) -> Renderer:
+    items = toy_gsm8k.generate(rng, n_train + n_test, max_ops)
     atomic_write_jsonl(raw / "train.jsonl", [row for row, _ in items[:n_train]])
     atomic_write_jsonl(raw / "test.jsonl", [row for row, _ in items[n_train:]])
     by_text = {p.question: p for _, p in items}
@@ -82,14 +84,23 @@ WRITERS = {"gsm8k": _write_gsm8k, "strategyqa": _write_strategyqa, "mathqa": _wr
 
 
 def build_dataset(
-    root: str | Path, dataset: str, seed: int, n_train: int, n_test: int, n_experts: int = 3
+    root: str | Path,
+    dataset: str,
+    seed: int,
+    n_train: int,
+    n_test: int,
+    n_experts: int = 3,
+    gsm8k_max_ops: int | None = None,
 ) -> dict[str, Any]:
     """Generate one toy data set and its expert trajectories; returns a small summary."""
     root = Path(root)
     rng = random.Random(f"toy-{seed}-{dataset}")
     style_rng = random.Random(f"toy-{seed}-{dataset}-styles")
     raw = root / "raw" / dataset
-    render = WRITERS[dataset](raw, rng, style_rng, n_train, n_test)
+    if dataset == "gsm8k":
+        render = _write_gsm8k(raw, rng, style_rng, n_train, n_test, gsm8k_max_ops)
+    else:
+        render = WRITERS[dataset](raw, rng, style_rng, n_train, n_test)
     records = load_local(dataset, raw, strategyqa_test_size=n_test)
     data = root / "data" / dataset
     train = [r for r in records if r.split == "train"]
@@ -121,6 +132,6 @@ def build_dataset(
 
 
 def build_world(
-    root: str | Path, seed: int, sizes: dict[str, tuple[int, int]], n_experts: int = 3
+    root: str | Path, seed: int, sizes: dict[str, tuple[int, int]], n_experts: int = 3, gsm8k_max_ops: int | None = None
 ) -> list[dict[str, Any]]:
-    return [build_dataset(root, ds, seed, *sizes[ds], n_experts) for ds in DATASETS if ds in sizes]
+    return [build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops) for ds in DATASETS if ds in sizes]
