@@ -85,7 +85,7 @@ def _write_results(cfg: dict, root: Path) -> None:
             "greedy": {"expert": 1, "questions": 10, "accuracy": 0.3 if moe else 0.0},
             "answer_balance": None if ds == "gsm8k" else {"largest_class": "b", "largest_share": 0.24},
             "in_range": moe,
-            "problems": [] if moe else ["expert 1's rollout success 0.05 is outside ..."],
+            "problems": [] if moe else ["expert 1's rollout success 0.05 is outside ..."],  # the gate's own lines
         }
         path = root / "calibration" / model / ds / f"{variant}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,10 @@ def test_calibration_table_and_warnings(built: tuple[dict, Path]) -> None:
     assert _row(table, "GSM8K", "e0-e1-e2")[3:] == ["e0 30 · e1 25 · e2 40", "97", "30.0", "–", "yes"]
     assert _row(table, "MathQA", "e1")[3:] == ["e1 5", "50", "0.0", "b 24", "no"]
     index = (out / "index.md").read_text()
-    assert "- qwen2/mathqa/e1: expert 1's rollout success 0.05 is outside ..." in index
+    assert (
+        "- qwen2/mathqa/e1: rollout success e1 5 (range 20-45); finished e1 50 (range 95-100); "
+        "greedy accuracy e1 0 (range 25-60)" in index
+    )
     assert "qwen2/gsm8k/e0-e1-e2:" not in index  # in range: no warning
 
 

@@ -37,17 +37,19 @@ class CalibrationError(DataError):
     """An MEF model outside the informative range, with the gate set to stop."""
 
 
-def _sample(engine: HFEngine, tokenizer: Any, records: list[Any], expert: int, n: int, sampling: Sampling,
-            prompts: Sequence[str], mode: str) -> tuple[float, float]:  # fmt: skip
-    """(share correct, share finished) of n samples per record under one expert's prompt."""
-    outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, expert, prompts)) for r in records], n, sampling)
-    correct = finished = total = 0
-    for record, samples in zip(records, outs, strict=True):
+def _sample(engine: HFEngine, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
+            sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, float]]:  # fmt: skip
+    """expert -> (share correct, share finished) of n samples per record under that expert's prompt;
+    every expert's prompts go through the engine together (fewer, fuller batches)."""
+    asked = [(k, r) for k in experts for r in records]
+    outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
+    tally = {k: [0, 0, 0] for k in experts}  # correct, finished, total
+    for (k, record), samples in zip(asked, outs, strict=True):
         for c in samples:
-            correct += is_correct(c.text, record.dataset, record.answer, mode, record.options)
-            finished += c.finished
-            total += 1
-    return correct / total, finished / total
+            tally[k][0] += is_correct(c.text, record.dataset, record.answer, mode, record.options)
+            tally[k][1] += c.finished
+            tally[k][2] += 1
+    return {k: (correct / total, finished / total) for k, (correct, finished, total) in tally.items()}
 
 
 def answer_balance(answers: Sequence[str]) -> dict[str, Any]:
@@ -89,12 +91,11 @@ def measure(
         "rollout_success": {},
         "finished": {},
     }
-    for k in experts:
-        success, finished = _sample(engine, tokenizer, train, k, samples, sampling, prompts, mode)
+    for k, (success, finished) in _sample(engine, tokenizer, train, experts, samples, sampling, prompts, mode).items():
         out["rollout_success"][f"e{k}"], out["finished"][f"e{k}"] = round(success, 4), round(finished, 4)
     greedy = Sampling(sampling.max_new_tokens, greedy=True)
     shown = test[: test_questions or None]
-    accuracy, greedy_finished = _sample(engine, tokenizer, shown, headline, 1, greedy, prompts, mode)
+    accuracy, greedy_finished = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
     out["greedy"] = {"expert": headline, "questions": len(shown), "accuracy": round(accuracy, 4),
                      "finished": round(greedy_finished, 4)}  # fmt: skip
     out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None

@@ -300,11 +300,24 @@ def _pct(pair: list[float]) -> str:
 
 
 def calibration_warnings(cfg: dict[str, Any], root: Path) -> list[str]:
-    """One line per MEF model outside the informative range (the gate's problems)."""
+    """One line per MEF model outside the informative range: the values out of range, with theirs."""
+    ranges = cfg["calibration"]["ranges"]
     lines = []
     for model, ds, variant in grid.calibrated(cfg):
-        for problem in read_json(root / "calibration" / model / ds / f"{variant}.json")["problems"]:
-            lines.append(f"- {model}/{ds}/{variant}: {problem}")
+        c = read_json(root / "calibration" / model / ds / f"{variant}.json")
+        measured = [
+            ("rollout success", "rollout_success", c["rollout_success"]),
+            ("finished", "finished", c["finished"]),
+            ("greedy accuracy", "greedy_accuracy", {f"e{c['greedy']['expert']}": c["greedy"]["accuracy"]}),
+        ]
+        parts = []
+        for label, key, values in measured:
+            low, high = ranges[key]
+            out = [f"{e} {100 * v:.0f}" for e, v in values.items() if not low <= v <= high]
+            if out:
+                parts.append(f"{label} {' · '.join(out)} (range {_pct([low, high])})")
+        if parts:
+            lines.append(f"- {model}/{ds}/{variant}: {'; '.join(parts)}")
     return lines
 
 
@@ -434,7 +447,12 @@ def build(
     lines = summary.render(cfg, results, root, reference)
     warnings = calibration_warnings(cfg, root)
     if warnings:  # the gate was set to warn: say which models are outside the informative range
-        lines += ["", "Calibration warnings (the MEF models outside the informative range; see the calibration table):"]
+        lines += [
+            "",
+            "Calibration warnings: these MEF models are outside the informative range (in %; the calibration "
+            "table; sft.epochs, sft.lr and toy.sizes move accuracy, rl_by_dataset.<ds>.max_new_tokens the finished "
+            "share):",
+        ]
         lines += warnings
     atomic_write_text(index, index_page(cfg, tables, written, out, lines))
     written.append(index)

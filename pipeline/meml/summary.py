@@ -225,7 +225,8 @@ def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[st
     lines = [
         f"Accuracy: expert {cfg['report']['headline_expert']}'s prompt ({results.metric} checker), averaged over "
         f"{', '.join(models)} x {', '.join(datasets)}; {summary.seeds} seed(s). Each line: the paired difference "
-        f"(same questions, same seeds) with a {100 * s['level']:.0f}% interval over seeds and questions; "
+        f"(same questions, same seeds) with a {100 * s['level']:.0f}% interval over seeds and questions (crossed "
+        "random effects, t with Satterthwaite's df: docs/grid.md, Verdicts); "
         f"{tests} of {len(comparisons)} comparisons tested, p-values adjusted together (Holm). A verdict needs the "
         f"adjusted p below {1 - s['level']:.2f}; 'matches' means within {s['margin']} points; no verdict at floor "
         f"or chance, or with fewer than {s['min_seeds']} seeds.",
