@@ -80,6 +80,8 @@ def _write_results(cfg: dict, root: Path) -> None:
     for model, ds, variant in grid.calibrated(cfg):  # MoE models in range; expert-1-only ones not
         moe = variant == "e0-e1-e2"
         calibration = {
+            "train_questions": 8,
+            "samples": 4,
             "rollout_success": {"e0": 0.3, "e1": 0.25, "e2": 0.4} if moe else {"e1": 0.05},
             "finished": {"e0": 1.0, "e1": 0.97, "e2": 0.99} if moe else {"e1": 0.5},
             "greedy": {"expert": 1, "questions": 10, "accuracy": 0.3 if moe else 0.0},

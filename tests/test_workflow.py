@@ -167,3 +167,21 @@ def test_html_report_collects_every_table_with_its_caption(smoke_run: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     text = html.read_text()
     assert all(f"{name}.md" in text for name in TABLES + EXTRA_TABLES)
+
+
+def test_the_calibration_gate_holds_rl_back_only_when_set_to_stop(tmp_path: Path) -> None:
+    def feeds(gate: str) -> set[str]:
+        """The rules the calibrate rule's output feeds, from Snakemake's rule graph."""
+        done = subprocess.run(
+            [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp_path),
+             "--configfile", str(PROJECT / "config/smoke.yaml"), "--config", f"calibration={{gate: {gate}}}",
+             "--rulegraph"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        ids = dict(re.findall(r'(\d+)\[label = "([\w_]+)"', done.stdout))
+        calibrate = next(i for i, name in ids.items() if name == "calibrate")
+        return {ids[b] for a, b in re.findall(r"(\d+) -> (\d+)", done.stdout) if a == calibrate}
+
+    assert feeds("stop") == {"rl", "report"}
+    assert feeds("warn") == {"report"}  # a warning: changing the gate's settings never retrains a cell

@@ -270,8 +270,10 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     columns = ["rollout success", "finished (lowest)", "greedy accuracy", "largest answer class", "in range"]
     table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
                   [("measured", columns)])  # fmt: skip
+    sampled = ""
     for model, ds, variant in grid.calibrated(cfg):
         c = read_json(root / "calibration" / model / ds / f"{variant}.json")
+        sampled = f"{c['train_questions']} training questions x {c['samples']}"
         balance = c.get("answer_balance")
         table.add(
             [model_label(cfg, model), DATASET_TITLES[ds], variant],
@@ -285,8 +287,7 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
         )
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
-        f"In %. rollout success: correct samples per expert on {cfg['calibration']['train_questions']} training "
-        f"questions x {cfg['calibration']['samples']}, at RL's temperature and length cap (range "
+        f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap (range "
         f"{_pct(ranges['rollout_success'])}); finished: the lowest expert's share ending within the cap (range "
         f"{_pct(ranges['finished'])}); greedy accuracy: the headline expert on the first test questions (range "
         f"{_pct(ranges['greedy_accuracy'])}); largest answer class: its share of the test split (a constant "
