@@ -69,6 +69,7 @@ def test_estimate_by_hand() -> None:
     assert f"**{sum(r['hours'] for r in rows):.3g}**" in text and "| rl+eval | qwen2 | gsm8k | MEML-GRPO |" in text
 
 
+@pytest.mark.slow
 def test_measured_throughput_is_kept_for_later_estimates(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "meml.cli", "cost", "--config", str(PROJECT / "config/smoke.yaml"),
            "--set", "grid.models=[qwen2]", "--results", str(tmp_path)]  # fmt: skip

@@ -18,6 +18,8 @@ from meml.config import load_config
 from meml.experts import DEFAULT_PROMPTS
 from meml.tiny_models import build_tiny_models, toy_corpus
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
+
 G = 6  # the worker's group size
 
 

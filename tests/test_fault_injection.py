@@ -17,6 +17,8 @@ from conftest import PROJECT
 from meml.experts import DEFAULT_PROMPTS
 from meml.tiny_models import build_tiny_models, toy_corpus
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
+
 FAULTS = ["rollouts:2", "checkpoint:2", "flush:1", "rollouts:1"]  # each counted from its own start
 
 

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import PROJECT
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 
 
 def test_gpu_check_cpu_part(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ import pytest
 from conftest import PROJECT
 
 SHARED = PROJECT.parent / "shared" / "datasets"
-pytestmark = pytest.mark.skipif(
-    not SHARED.is_dir(), reason="../shared/datasets (the real data sets) is not beside the project"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/datasets (the real data sets) is not beside the project"),
+]
 CONFIG = PROJECT / "config" / "real-smoke.yaml"
 RESULTS = "results/real-smoke"
 

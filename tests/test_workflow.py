@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = PROJECT / "config" / "smoke.yaml"
 TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
