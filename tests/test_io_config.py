@@ -4,6 +4,8 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import PROJECT
 
 from meml.cli import main
 from meml.config import load_config
@@ -45,3 +47,28 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytes
     assert "unknown data set 'svamp'" in capsys.readouterr().err
     assert main(["prepare", "--dataset", "gsm8k", "--local", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
     assert "local folder for gsm8k not found" in capsys.readouterr().err
+
+
+def test_the_schema_defaults_are_the_default_configs_values() -> None:
+    """One source of defaults: config/default.yaml holds every value; a default in the schema (what a
+    key absent from a user's file falls back to) must say the same, so the two cannot drift."""
+    schema = yaml.safe_load((PROJECT / "config/schema.yaml").read_text())
+    default = yaml.safe_load((PROJECT / "config/default.yaml").read_text())
+    disagree: list[str] = []
+    missing: list[str] = []
+    absent = object()
+
+    def walk(node: dict, path: str, values: object) -> None:
+        for key, sub in node.get("properties", {}).items():
+            here = values.get(key, absent) if isinstance(values, dict) else absent
+            if "properties" in sub:
+                walk(sub, f"{path}{key}.", here if isinstance(here, dict) else {})
+            elif "default" in sub:
+                if here is absent:
+                    missing.append(f"{path}{key}")
+                elif here != sub["default"]:
+                    disagree.append(f"{path}{key}: schema {sub['default']!r}, default.yaml {here!r}")
+
+    walk(schema, "", default)
+    assert not missing, f"keys with a schema default but no value in config/default.yaml: {missing}"
+    assert not disagree, disagree
