@@ -314,3 +314,57 @@ def test_rl_refuses_caps_that_cut_the_trajectories(small_world: Path, base_model
         run_rl(tiny_settings(max_truncated_share=0.05), method, base_model, small_world / "data/gsm8k",
                small_world / "experts/gsm8k", tmp_path, progress=False)  # fmt: skip
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_completion_logprobs_are_the_next_token_log_probs_of_each_completion(base_model: Path) -> None:
+    """Logits at position t predict token t + 1: completion token j is scored by the logits at
+    len(prompt) + j - 1. Checked against one unpadded forward pass per row, for two rows of
+    different lengths (the shorter one right-padded)."""
+    from meml.rl import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(base_model).eval()
+    prompts, completions = [[5, 9, 14, 3], [7, 2]], [[11, 4], [8, 6, 12, 10]]
+    with torch.no_grad():
+        logp, mask, _ = completion_logprobs(model, prompts, completions, pad=0)
+        for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
+            expected = [torch.log_softmax(logits[len(p) + j - 1], -1)[token] for j, token in enumerate(c)]
+            assert torch.allclose(logp[row, : len(c)], torch.stack(expected), atol=1e-5)
+    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
+
+
+class SpreadEngine(ScriptedEngine):
+    """Every expert's subgroup has one right answer and the rest wrong: a reward spread in each
+    subgroup (so the advantage's std matters) and equal expert means (so IML finds no pair)."""
+
+    def replies(self, text: str, question: str, k: int) -> list[str]:
+        return [f"#### {self.answers[question]}"] + ["#### 100000"] * (k - 1)
+
+
+def _one_step(small_world: Path, base_model: Path, out: Path, engine: Any, **switches: Any) -> dict[str, torch.Tensor]:
+    data = small_world / "data/gsm8k"
+    method = Method.from_config("m", {**METHODS["MoE-SFT-GRPO"], **switches})
+    run_rl(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", out, engine=engine,
+           progress=False)  # fmt: skip
+    return AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+
+
+def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp_path: Path) -> None:
+    """Run one step with a switch on and off from the same start: the weights must differ (a loop
+    that ignored `advantage` or `iml` would give identical weights)."""
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    data = small_world / "data/gsm8k"
+    spread = scripted_engine(base_model, data)
+    spread.__class__ = SpreadEngine
+    grpo = _one_step(small_world, base_model, tmp_path / "grpo", spread, advantage="grpo")
+    again = _one_step(small_world, base_model, tmp_path / "again", spread, advantage="grpo")
+    drgrpo = _one_step(small_world, base_model, tmp_path / "drgrpo", spread, advantage="drgrpo")
+    assert same(grpo, again) and not same(grpo, drgrpo)
+    # expert 1 always right, the others always wrong: no advantage anywhere, only IML moves weights
+    plain = _one_step(small_world, base_model, tmp_path / "plain", scripted_engine(base_model, data), iml=False)
+    iml = _one_step(small_world, base_model, tmp_path / "iml", scripted_engine(base_model, data), iml=True)
+    assert not same(plain, iml)
+    assert json.loads((tmp_path / "iml/metrics.jsonl").read_text())["iml/pairs"] > 0
