@@ -103,6 +103,8 @@ def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> 
     assert (tags["advantage"], tags["iml"], tags["hsft"], tags["world"]) == ("grpo", "true", "true", "toy")
     experiment = mlflow.get_experiment_by_name("smoke")
     assert "report/smoke/index.md" in experiment.tags["mlflow.note.content"]
+    view = json.loads(experiment.tags["mlflow.sharedViewState.by-method"])  # the end message's grouped link
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
     assert run.data.params["cell.method"] == "MEML-GRPO" and run.data.params["rl.steps"] == "2"
 
 

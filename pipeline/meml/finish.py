@@ -3,8 +3,11 @@ summary's first verdict, so that a user never has to look for the result."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from .tracking import grouped_view_url
 
 
 def headline(index: Path) -> str | None:
@@ -32,6 +35,10 @@ def message(cfg: dict[str, Any]) -> str:
             f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {cfg['mlflow']['tracking_uri']} "
             f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
         )
+        marker = Path("results") / profile / "mlflow_experiment.json"  # written by the mlflow_store rule
+        if marker.is_file() and json.loads(marker.read_text()).get("experiment_id"):
+            url = grouped_view_url(json.loads(marker.read_text())["experiment_id"])
+            lines.append(f"                then open {url} (the runs grouped by method)")
     first = headline(index)
     if first:
         lines.append(f"  Summary:      {first}")

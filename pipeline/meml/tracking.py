@@ -78,9 +78,24 @@ def ensure_experiment(settings: dict[str, Any]) -> str:
         experiment_id = str(mlflow.create_experiment(name, artifact_location=location))
     else:
         experiment_id = str(experiment.experiment_id)
+    client = mlflow.MlflowClient()
     if settings.get("description"):  # the UI shows this note on the experiment's page
-        mlflow.MlflowClient().set_experiment_tag(experiment_id, "mlflow.note.content", settings["description"])
+        client.set_experiment_tag(experiment_id, "mlflow.note.content", settings["description"])
+    # Open on the training runs (MLflow 3's UI otherwise opens a GenAI overview), and a saved view
+    # of the runs table grouped by the method tag: the link the end-of-run message prints
+    client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + GROUPED_VIEW, json.dumps(GROUPED_STATE))
     return experiment_id
+
+
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # how the MLflow UI (3.x) stores a shared view
+GROUPED_VIEW = "by-method"
+GROUPED_STATE = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "method"}]}}
+
+
+def grouped_view_url(experiment_id: str, host: str = "http://127.0.0.1:5000") -> str:
+    """The UI's runs table of an experiment, grouped by method (mean of each group's metrics)."""
+    return f"{host}/#/experiments/{experiment_id}/runs?viewStateShareKey={GROUPED_VIEW}"
 
 
 def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:
