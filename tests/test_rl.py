@@ -368,3 +368,18 @@ def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp
     iml = _one_step(small_world, base_model, tmp_path / "iml", scripted_engine(base_model, data), iml=True)
     assert not same(plain, iml)
     assert json.loads((tmp_path / "iml/metrics.jsonl").read_text())["iml/pairs"] > 0
+
+
+def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
+    from meml.rl_settings import RLSettings
+
+    s = RLSettings.from_config(CONFIG["rl"])
+    assert (s.steps, s.group_size, s.buffer.capacity, s.epochs) == (3, 8, 8, None)
+    partial = json.loads(json.dumps(CONFIG["rl"]))
+    del partial["warmup_steps"]
+    with pytest.raises(DataError, match=r"missing RL setting rl\.warmup_steps"):
+        RLSettings.from_config(partial)
+    del partial["buffer"]["sft_lr"]
+    partial["warmup_steps"] = 0
+    with pytest.raises(DataError, match=r"rl\.buffer\.sft_lr"):
+        RLSettings.from_config(partial)

@@ -39,3 +39,23 @@ def test_mlflow_run_is_found_again_by_its_cell_key(tmp_path: Path) -> None:
     history = mlflow.MlflowClient().get_metric_history(runs[0].info.run_id, "reward/mean")
     assert sorted(m.step for m in history) == [0, 1]
     assert (tmp_path / "run/mlflow_run_id").read_text().strip() == runs[0].info.run_id
+
+
+def test_a_run_this_folder_never_wrote_or_of_other_values_is_kept_aside(tmp_path: Path) -> None:
+    """The results folder deleted, or the run's values changed: the old MLflow run is retagged
+    (`<key>@replaced-<time>`) and a new one starts; logging never fails on a changed param."""
+    import mlflow
+
+    settings = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "test"}
+    key = "toy/report"
+    Tracker(tmp_path / "a", key, {"report": {"margin": 2.0}}, settings).close()
+    Tracker(tmp_path / "b", key, {"report": {"margin": 2.0}}, settings).close()  # a fresh folder
+    Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # changed values
+    Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # the same again: resumed
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
+    current = [r for r in runs if r.data.tags["cell_key"] == key]
+    retired = [r for r in runs if r.data.tags["cell_key"].startswith(f"{key}@replaced-")]
+    assert len(runs) == 3 and len(current) == 1 and len(retired) == 2
+    assert current[0].data.params["report.margin"] == "1.0"
+    assert (tmp_path / "b/mlflow_run_id").read_text().strip() == current[0].info.run_id

@@ -231,12 +231,12 @@ def cmd_rl(args: argparse.Namespace) -> None:
         reward_mode=cfg["reward"]["mode"],
         format_bonus=cfg["reward"]["format_bonus"],
         cell_key=cell_key(cfg, cell),
-        # the values that define the cell decide whether old checkpoints may be resumed;
-        # MLflow gets them and the whole config (which, in the DAG, holds only this method)
+        # the values that define the cell decide whether old checkpoints may be resumed, and are
+        # the MLflow run's params (the rest of the config may change without touching the run)
         params=cell_params(cfg, cell),
         mlflow_params={
             "cell": {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed},
-            **cfg,
+            **cell_params(cfg, cell),
         },
         mlflow_settings=mlflow_settings,
         mlflow_tags=run_tags(cfg, cell),

@@ -57,6 +57,7 @@ from .lengths import check_fits, over_cap_shares
 from .losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from .precision import Precision, resolve
 from .records import Record, read_records
+from .rl_settings import RLSettings
 from .rollout import Completion, RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from .stops import stop_tokens, target_ids
 from .tracking import Tracker, read_metrics
@@ -244,12 +245,12 @@ def run_rl(
     if _same_params(out, params) and (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
     # everything that can fail is set up and checked before an old run in the folder is touched
-    s = settings
-    Q, G = int(s["questions_per_step"]), int(s["group_size"])
+    s = RLSettings.from_config(settings)  # every key read here, once
+    Q, G = s.questions_per_step, s.group_size
     experts = list(method.rl_experts)
-    counts = rollouts_per_expert(G, len(experts), s["spread"])
+    counts = rollouts_per_expert(G, len(experts), s.spread)
     E = len(experts)  # tensors below are (Q, E, R) with R = max(counts) rollout slots
-    sampling = Sampling(int(s["max_new_tokens"]), float(s["temperature"]), float(s["top_p"]))
+    sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p)
     reward_config = RewardConfig(reward_mode, format_bonus)
 
     # ---------------------------------------------------------------- setup
@@ -263,29 +264,27 @@ def run_rl(
         policy.gradient_checkpointing_enable()
     policy.train()
     reference: Any = None
-    if float(s["beta"]) > 0:
+    if s.beta > 0:
         reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.torch_dtype())
         reference.to(device).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["lr"]), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=s.lr, weight_decay=0.0)
     # HSFT's reading (rl.buffer.update): `joint` adds lambda_sft * L_SFT to the RL step's loss;
     # `separate` takes its own optimiser step on the drained batch at rl.buffer.sft_lr
-    hsft_update = s["buffer"]["update"]
-    sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=float(s["buffer"]["sft_lr"]), weight_decay=0.0)
-    warmup = max(1, int(s.get("warmup_steps", 0)))
+    hsft_update = s.buffer.update
+    sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=s.buffer.sft_lr, weight_decay=0.0)
+    warmup = max(1, s.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
-    engine = engine or make_engine(s.get("engine", "hf"), policy, model_dir, tokenizer, s, precision, seed, dist.rank)
+    engine = engine or make_engine(s.engine, policy, model_dir, tokenizer, settings, precision, seed, dist.rank)
     records = read_records(Path(data_dir) / "train.jsonl")
     by_id = {r.id: r for r in records}
-    over_cap = over_cap_shares(tokenizer, experts_dir, experts, by_id, int(s["max_new_tokens"]))
-    check_fits(over_cap, int(s["max_new_tokens"]), float(s["max_truncated_share"]), experts_dir)
-    solutions = _hsft_solutions(s["buffer"]["solution"], records, experts_dir)
-    buf = HardExampleBuffer(
-        int(s["buffer"]["capacity"]), float(s["buffer"]["threshold"]), float(s["buffer"]["insert_prob"]), seed
-    )
+    over_cap = over_cap_shares(tokenizer, experts_dir, experts, by_id, s.max_new_tokens)
+    check_fits(over_cap, s.max_new_tokens, s.max_truncated_share, experts_dir)
+    solutions = _hsft_solutions(s.buffer.solution, records, experts_dir)
+    buf = HardExampleBuffer(s.buffer.capacity, s.buffer.threshold, s.buffer.insert_prob, seed)
     order = QuestionOrder(len(records), seed)  # the same order in every process
     stops, pad = stop_tokens(tokenizer), tokenizer.pad_token_id  # a turn ends with stops.end_of_turn
     # the RL budget: rl.steps, or rl.epochs passes over this data set's training questions
-    steps = int(s["steps"]) if s.get("epochs") is None else math.ceil(float(s["epochs"]) * len(records) / Q)
+    steps = s.steps if s.epochs is None else math.ceil(s.epochs * len(records) / Q)
 
     # ---------------------------------------------------------------- only now touch the folder
     if dist.is_main:
@@ -398,12 +397,12 @@ def run_rl(
         old_logp = None
         ref_logp = None
         with torch.no_grad(), precision.autocast():
-            if int(s["updates_per_batch"]) > 1:
+            if s.updates_per_batch > 1:
                 old_logp, _, _ = completion_logprobs(policy, seq_prompts, seq_completions, pad)
             if reference is not None:
                 ref_logp, _, _ = completion_logprobs(reference, seq_prompts, seq_completions, pad)
         stats: dict[str, float] = {}
-        for update in range(int(s["updates_per_batch"])):
+        for update in range(s.updates_per_batch):
             with precision.autocast():
                 logp, mask, entropy = completion_logprobs(policy, seq_prompts, seq_completions, pad, with_entropy=True)
                 pl = policy_loss(
@@ -412,10 +411,10 @@ def run_rl(
                     seq_adv.to(logp.device),
                     mask,
                     method.advantage,
-                    float(s["clip_eps"]),
-                    int(s["max_new_tokens"]),
+                    s.clip_eps,
+                    s.max_new_tokens,
                     ref_logp,
-                    float(s["beta"]),
+                    s.beta,
                 )
                 loss = pl.loss
                 l_iml = torch.zeros((), device=loss.device)
@@ -423,16 +422,16 @@ def run_rl(
                     strong, iml_mask, _ = completion_logprobs(policy, iml_strong, iml_tokens, pad)
                     weak, _, _ = completion_logprobs(policy, iml_weak, iml_tokens, pad)
                     l_iml = iml_loss(strong, weak, iml_mask)
-                    loss = loss + float(s["lambda_iml"]) * l_iml
+                    loss = loss + s.lambda_iml * l_iml
                 l_sft = torch.zeros((), device=loss.device)
                 if sft_batch and update == 0 and hsft_update == "joint":
                     sft_logp, sft_mask, _ = completion_logprobs(policy, sft_prompts, sft_targets, pad)
                     l_sft = sft_loss(sft_logp, sft_mask)
-                    loss = loss + float(s["lambda_sft"]) * l_sft
+                    loss = loss + s.lambda_sft * l_sft
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             dist.average_gradients(policy)  # the replicas take the same step
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(s["max_grad_norm"]))
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
             optimizer.step()
             scheduler.step()
             if update == 0:
@@ -457,7 +456,7 @@ def run_rl(
             sft_optimizer.zero_grad(set_to_none=True)
             l_sft.backward()
             dist.average_gradients(policy)
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), float(s["max_grad_norm"]))
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
             sft_optimizer.step()
             stats["loss/sft"] = l_sft.item()
         engine.sync_weights(policy)
@@ -523,7 +522,7 @@ def run_rl(
 
         # ------------------------------------------------------------ checkpoint (the main process writes)
         done_steps = step + 1
-        if done_steps % int(s["checkpoint_every"]) == 0 or done_steps == steps:
+        if done_steps % s.checkpoint_every == 0 or done_steps == steps:
             rngs = dist.gather(checkpoint.rng_state())
             if dist.is_main:
                 checkpoint.save(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,24 @@ class Tracker:
         import mlflow
 
         experiment_id = ensure_experiment(settings)
+        flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}
         found = mlflow.search_runs(
             [experiment_id],
             filter_string=f"tags.cell_key = '{cell_key}'",
             output_format="list",
             max_results=1,
         )
-        if found:
-            run = mlflow.start_run(run_id=found[0].info.run_id)
+        record = self.run_dir / "mlflow_run_id"
+        mine = record.read_text().strip() if record.is_file() else None
+        run_id = None
+        for old in found:
+            changed = any(old.data.params.get(k, v) != v for k, v in flat.items())
+            if old.info.run_id == mine and not changed:
+                run_id = old.info.run_id  # this folder's own run, resumed
+            else:  # a run this folder never wrote (results deleted) or of other values: keep it, aside
+                retire_run(settings, old.info.run_id, time.strftime("%Y%m%d-%H%M%S"))
+        if run_id is not None:
+            run = mlflow.start_run(run_id=run_id)
         else:
             run = mlflow.start_run(
                 experiment_id=experiment_id, run_name=cell_key.split("#")[0], tags={"cell_key": cell_key}
@@ -179,7 +190,6 @@ class Tracker:
             mlflow.set_tags(tags)
         # logged on every start (same key, same value is allowed), so a run that died before its
         # params were written gets them on the re-run
-        flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}
         for start in range(0, len(flat), 100):
             mlflow.log_params(dict(list(flat.items())[start : start + 100]))
         atomic_write_text(self.run_dir / "mlflow_run_id", run.info.run_id + "\n")
