@@ -189,3 +189,18 @@ def test_the_calibration_gate_holds_rl_back_only_when_set_to_stop(tmp_path: Path
 
     assert feeds("stop") == {"rl", "report"}
     assert feeds("warn") == {"report"}  # a warning: changing the gate's settings never retrains a cell
+
+
+def test_the_gate_set_to_stop_ends_the_workflow_before_rl_with_its_message(tmp_path: Path) -> None:
+    """The smoke models are far outside the informative range: with calibration.gate: stop no RL
+    job starts, and the run ends by printing what is out of range and the settings that move it."""
+    (tmp_path / "gate.yaml").write_text(
+        "grid: {models: [qwen2], datasets: [strategyqa], methods: [MoE-SFT-GRPO]}\n"
+        "calibration: {gate: stop, train_questions: 2, samples: 2, test_questions: 4}\n"
+    )
+    done = _run(tmp_path, "--configfile", str(SMOKE), str(tmp_path / "gate.yaml"))
+    assert done.returncode != 0
+    assert "calibration of qwen2/strategyqa/e0-e1-e2 (calibration.gate: stop)" in done.stderr
+    assert "is outside calibration.ranges." in done.stderr and "change sft.epochs" in done.stderr
+    assert not list((tmp_path / "results/smoke").glob("rl/**/DONE"))
+    assert not (tmp_path / "results/smoke/calibration/qwen2/strategyqa/e0-e1-e2.json").exists()
