@@ -268,3 +268,21 @@ def test_extra_tables_and_summary_by_hand(tmp_path: Path) -> None:
     assert tested == sum(x.count("Holm p = ") for x in index.splitlines())
     # complementarity: a figure without a verdict; solved by another (50 + 70) / 2 = 60.0
     assert "60.0% here" in index and "at least one expert right in 95.0% of draws (one sampling run" in index
+
+
+def test_methods_evaluated_on_different_questions_are_not_compared(tmp_path: Path) -> None:
+    cfg = _config()
+    _write_results(cfg, tmp_path / "results")
+    path = tmp_path / "results/eval/qwen2/gsm8k/MoE+HSFT/seed0.json"
+    data = json.loads(path.read_text())
+    data["model"]["samples"][0]["id"] = "another-question"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"seeds of this cell were evaluated on different questions"):
+        build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    for seed in (0, 1):  # both seeds moved: the cell is consistent, but no longer paired with the others
+        path = tmp_path / f"results/eval/qwen2/gsm8k/MoE+HSFT/seed{seed}.json"
+        data = json.loads(path.read_text())
+        data["model"]["samples"][0]["id"] = "another-question"
+        path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"MoE\+HSFT and MoE-SFT-GRPO were evaluated on different questions"):
+        build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")

@@ -87,25 +87,24 @@ class Summary:
         golds = self.results.golds(model, ds, method)
         return 100 * max(golds.count(g) for g in set(golds)) / len(golds) if golds else 50.0
 
-    def _matrices(self, model: str, ds: str, method: str, measure: str) -> np.ndarray:
-        if measure == "final_reward":  # one value per seed: the last 3 steps' mean reward, x100
+    def _matrix(self, model: str, ds: str, method: str, measure: str) -> tuple[list[str] | None, np.ndarray]:
+        """(question ids, values[seed, question] in points); the final reward has one value a seed."""
+        if measure == "final_reward":  # the last 3 steps' mean training reward, x100
             rows = [self.results.steps(model, ds, method, s)[-3:] for s in self.cfg["grid"]["seeds"]]
-            return np.array([[100 * statistics.fmean(r["reward/mean"] for r in tail)] for tail in rows])
+            return None, np.array([[100 * statistics.fmean(r["reward/mean"] for r in tail)] for tail in rows])
         ids, correct = self.results.correct(model, ds, method, "vote" if measure == "vote" else None)
-        self._ids[(model, ds, method, measure)] = ids
-        return 100 * correct
+        return ids, 100 * correct
 
     def compare(self, entry: dict[str, Any]) -> Comparison:
         models, datasets = self.scope(entry)
         a, b = entry["a"], entry["b"]
         measure_a = entry.get("measure", "accuracy")
         measure_b = entry.get("b_measure", measure_a)
-        self._ids: dict[tuple[str, str, str, str], list[str]] = {}
         diffs, side_a, side_b, chances = [], [], [], []
         for model in models:
             for ds in datasets:
-                xa, xb = self._matrices(model, ds, a, measure_a), self._matrices(model, ds, b, measure_b)
-                if self._ids.get((model, ds, a, measure_a)) != self._ids.get((model, ds, b, measure_b)):
+                (ids_a, xa), (ids_b, xb) = self._matrix(model, ds, a, measure_a), self._matrix(model, ds, b, measure_b)
+                if ids_a != ids_b:
                     raise DataError(f"{a} and {b} were evaluated on different questions ({model}/{ds}): not paired")
                 diffs.append(stats.cell_estimate(xa - xb))
                 side_a.append(stats.cell_estimate(xa))
