@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from .io import DataError, atomic_write_json, atomic_write_text
+from .layout import Layout, report_dir
 from .precision import of_config
 
 
@@ -157,23 +158,22 @@ def run_tags(cfg: dict[str, Any], cell: Any) -> dict[str, str]:
 
 
 def _world(cfg: dict[str, Any], results: str | None = None) -> Path:
-    """results/<profile>/<world>: the data sets and expert trajectories of this config's world."""
-    return Path(results or f"results/{cfg['profile']}") / cfg["world"]
+    """The data sets and expert trajectories of this config's world (layout.py)."""
+    return Layout.of(cfg, results).world(cfg["world"])
 
 
-def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Path]:
-    """Where a job's inputs live: results/<profile>/<world>/{data,experts}/<ds>, models/."""
-    root = Path(args.results or f"results/{cfg['profile']}")
-    world = _world(cfg, args.results)
+def _paths(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Where a job's inputs live (layout.py): the layout, the data set's records and trajectories."""
+    layout = Layout.of(cfg, args.results)
     return {
-        "root": root,
-        "data": world / "data" / args.dataset,
-        "experts": world / "experts" / args.dataset,
-        "models": root / "models",
+        "layout": layout,
+        "data": layout.data(cfg["world"], args.dataset),
+        "experts": layout.experts(cfg["world"], args.dataset),
+        "models": layout.models,
     }
 
 
-def _base_model(cfg: dict[str, Any], paths: dict[str, Path], model: str) -> Path | str:
+def _base_model(cfg: dict[str, Any], paths: dict[str, Any], model: str) -> Path | str:
     """A tiny model's folder, or the hub id / folder of a real one."""
     from .grid import tiny_folder
 
@@ -193,7 +193,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
     experts = [int(k) for k in args.experts.split(",")] if args.experts else list(_method(cfg, args.method).sft_experts)
     paths = _paths(cfg, args)
     model_dir = Path(args.model_dir) if args.model_dir else _base_model(cfg, paths, args.model)
-    out = Path(args.out) if args.out else paths["root"] / "sft" / args.model / args.dataset / sft_variant(experts)
+    out = Path(args.out) if args.out else paths["layout"].sft(args.model, args.dataset, sft_variant(experts))
     summary = run_sft(
         model_dir, paths["data"], paths["experts"], out, experts, cfg["sft"], _prompts(cfg), cfg["seed"], of_config(cfg)
     )
@@ -210,14 +210,14 @@ def cmd_rl(args: argparse.Namespace) -> None:
     method = _method(cfg, args.method)
     paths = _paths(cfg, args)
     cell = Cell(args.model, args.dataset, args.method, args.seed)
-    default_sft = paths["root"] / "sft" / args.model / args.dataset / sft_variant(method.sft_experts) / "model"
+    default_sft = paths["layout"].sft(args.model, args.dataset, sft_variant(method.sft_experts)) / "model"
     sft_dir = Path(args.sft_dir) if args.sft_dir else default_sft
     if not (sft_dir / "config.json").is_file():
         raise DataError("SFT model not found (run `meml sft` for this method first)", sft_dir)
     from .evaluate import check_checkpoint
 
     check_checkpoint(sft_dir)  # weights present, and the SFT run that wrote them finished
-    out = Path(args.out) if args.out else paths["root"] / "rl" / cell.path
+    out = Path(args.out) if args.out else paths["layout"].rl(cell)
     mlflow_settings = _mlflow_settings(cfg)
     summary = run_rl(
         method_rl(cfg, args.method, args.dataset),
@@ -254,7 +254,7 @@ def cmd_cost(args: argparse.Namespace) -> None:
     from .cost import estimate, measure, save_measured, table, throughputs
 
     cfg = _config(args)
-    measured = Path(args.results or f"results/{cfg['profile']}") / "cost_throughput.json"
+    measured = Layout.of(cfg, args.results).root / "cost_throughput.json"
     if args.measure:
         with tempfile.TemporaryDirectory() as work:
             save_measured(measured, measure(cfg, Path(work), args.steps))
@@ -414,18 +414,18 @@ def cmd_report(args: argparse.Namespace) -> None:
     from .report import build
 
     cfg = _config(args)
-    results = Path(args.results or f"results/{cfg['profile']}")
-    out = Path(args.out or f"report/{cfg['profile']}")
+    layout = Layout.of(cfg, args.results)
+    out = Path(args.out) if args.out else report_dir(cfg)
     reference = Path(cfg["report"]["reference"])
     if not reference.is_absolute() and not reference.is_file():
         reference = PROJECT_ROOT / reference
-    written = build(cfg, results, out, reference)
+    written = build(cfg, layout.root, out, reference)
     if cfg["mlflow"]["enabled"]:
         from .tracking import Tracker
 
         # the tables and figures as artifacts of one run per profile, found again by its key
         tracker = Tracker(
-            results / "report_run",
+            layout.report_run,
             f"{cfg['profile']}/report",
             {"grid": cfg["grid"], "report": cfg["report"]},
             _mlflow_settings(cfg),
@@ -461,7 +461,7 @@ def cmd_teach(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     settings = settings_for(cfg, args.expert)
-    root = Path(args.results or f"results/{cfg['profile']}") / "real"  # teachers serve the real world only
+    root = Layout.of(cfg, args.results).world("real")  # teachers serve the real world only
     with contextlib.ExitStack() as stack:
         teacher = None
         if settings.get("standin"):  # a local stand-in on 127.0.0.1 (config/real-smoke.yaml)

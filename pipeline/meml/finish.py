@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .layout import Layout, report_dir
 from .tracking import grouped_view_url
 
 
@@ -23,7 +24,7 @@ def headline(index: Path) -> str | None:
 
 def message(cfg: dict[str, Any]) -> str:
     profile = cfg["profile"]
-    index = Path("report") / profile / "index.md"
+    index = report_dir(cfg) / "index.md"
     lines = [
         "",
         f"Done. Report: {index} (tables in report/{profile}/tables, figures in report/{profile}/figures)",
@@ -35,7 +36,7 @@ def message(cfg: dict[str, Any]) -> str:
             f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {cfg['mlflow']['tracking_uri']} "
             f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
         )
-        marker = Path("results") / profile / "mlflow_experiment.json"  # written by the mlflow_store rule
+        marker = Layout.of(cfg).mlflow_marker  # written by the mlflow_store rule
         if marker.is_file() and json.loads(marker.read_text()).get("experiment_id"):
             url = grouped_view_url(json.loads(marker.read_text())["experiment_id"])
             lines.append(f"                then open {url} (the runs grouped by method)")

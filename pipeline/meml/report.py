@@ -19,6 +19,7 @@ import yaml
 from . import extras, grid, summary
 from .experts import prompts_of
 from .io import DataError, atomic_write_text, read_json
+from .layout import Layout
 from .results import Results, ablation_flags, ablation_reference, subgroup_share
 from .tables import (
     DATASET_TITLES,
@@ -177,7 +178,7 @@ def complementarity_table(cfg: dict[str, Any], root: Path, reference: dict[str, 
     )
     ref = reference.get("complementarity", {})
     for model in grid.complementarity_models(cfg):
-        stats = {ds: read_json(root / "analysis" / "complementarity" / f"{model}_{ds}.json") for ds in datasets}
+        stats = {ds: read_json(Layout(root).complementarity(model, ds)) for ds in datasets}
         for label, get, key in COMPLEMENTARITY_ROWS:
             cells: list[str] = []
             for ds in datasets:
@@ -199,7 +200,7 @@ def teachers_table(cfg: dict[str, Any], root: Path, n_experts: int) -> Table:
     for ds in cfg["grid"]["datasets"]:
         cells: list[str] = []
         for k in range(1, n_experts):
-            s = read_json(root / "real" / "experts" / ds / f"e{k}.stats.json")
+            s = read_json(Layout(root).experts("real", ds) / f"e{k}.stats.json")
             rate = s.get("acceptance_rate")
             cells += [
                 MISSING if rate is None else f"{100 * rate:.1f}",
@@ -272,7 +273,7 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
                   [("measured", columns)])  # fmt: skip
     sampled = ""
     for model, ds, variant in grid.calibrated(cfg):
-        c = read_json(root / "calibration" / model / ds / f"{variant}.json")
+        c = read_json(Layout(root).calibration(model, ds, variant))
         sampled = f"{c['train_questions']} training questions x {c['samples']}"
         balance = c.get("answer_balance")
         table.add(
@@ -305,7 +306,7 @@ def calibration_warnings(cfg: dict[str, Any], root: Path) -> list[str]:
     ranges = cfg["calibration"]["ranges"]
     lines = []
     for model, ds, variant in grid.calibrated(cfg):
-        c = read_json(root / "calibration" / model / ds / f"{variant}.json")
+        c = read_json(Layout(root).calibration(model, ds, variant))
         measured = [
             ("rollout success", "rollout_success", c["rollout_success"]),
             ("finished", "finished", c["finished"]),
@@ -440,7 +441,7 @@ def build(
     for model in grid.complementarity_models(cfg):
         for ds in cfg["grid"]["datasets"]:
             for ext in ("png", "pdf"):
-                source = root / "analysis" / "complementarity" / f"{model}_{ds}.{ext}"
+                source = Layout(root).complementarity(model, ds, ext)
                 target = figures_dir / f"complementarity_{model}_{ds}.{ext}"
                 shutil.copyfile(source, target)
                 written.append(target)

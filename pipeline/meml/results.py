@@ -16,6 +16,7 @@ import numpy as np
 from . import grid
 from .answers import answers_match
 from .io import DataError, read_json
+from .layout import Layout
 from .tracking import read_metrics
 
 
@@ -27,14 +28,14 @@ class Results:
         self.root = Path(root)
         self.metric = cfg["reward"]["mode"]  # the checker mode the tables report
         self.headline = f"e{cfg['report']['headline_expert']}"
+        self.layout = Layout(self.root)
         self.evals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self._steps: dict[grid.Cell, list[dict[str, float]]] = {}
         for cell in grid.cells(cfg):
-            path = self.root / "eval" / f"{cell.path}.json"
+            path = self.layout.eval(cell)
             if not path.is_file():
                 raise DataError("evaluation result missing (run the grid first)", path)
             self.evals.setdefault((cell.model, cell.dataset, cell.method), []).append(read_json(path)["model"])
-        self._paths = {cell: self.root / "eval" / f"{cell.path}.json" for cell in grid.cells(cfg)}
 
     def accuracy(self, model: str, ds: str, method: str, expert: str | None = None) -> list[float]:
         """Per-seed accuracy in %, of one expert's prompt (default: the headline expert)."""
@@ -77,7 +78,7 @@ class Results:
         rows = []
         for seed, e in zip(self.cfg["grid"]["seeds"], self.evals[(model, ds, method)], strict=True):
             samples = e.get("samples")
-            where = self._paths[grid.Cell(model, ds, method, seed)]
+            where = self.layout.eval(grid.Cell(model, ds, method, seed))
             if not samples:
                 raise DataError("evaluation has no per-question samples (re-run the evaluation)", where)
             these = [q["id"] for q in samples]
@@ -98,7 +99,7 @@ class Results:
         """The step metrics of one cell (its metrics.jsonl), read once; several figures use them."""
         cell = grid.Cell(model, ds, method, seed)
         if cell not in self._steps:
-            path = self.root / "rl" / cell.path / "metrics.jsonl"
+            path = self.layout.rl(cell) / "metrics.jsonl"
             self._steps[cell] = read_metrics(path)  # a damaged file names its line
         return self._steps[cell]
 

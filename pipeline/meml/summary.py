@@ -29,6 +29,7 @@ import yaml
 from . import grid, stats
 from .config import PROJECT_ROOT
 from .io import DataError, read_json
+from .layout import Layout
 from .results import Results, ablation_reference, subgroup_share
 
 CHANCE = {"gsm8k": 0.0, "mathqa": 20.0}  # StrategyQA: the majority class share of its test split
@@ -298,7 +299,7 @@ def _complementarity_lines(cfg: dict[str, Any], root: Path) -> list[str]:
     solved, any_right = [], []
     for model in grid.complementarity_models(cfg):
         for ds in cfg["grid"]["datasets"]:
-            s = read_json(root / "analysis" / "complementarity" / f"{model}_{ds}.json")
+            s = read_json(Layout(root).complementarity(model, ds))
             solved += [100 * v for v in s["solved_by_another"].values() if v is not None]
             any_right.append(100 * s["at_least_one_correct"])
     if not solved:
