@@ -19,7 +19,7 @@ The rule, for a comparison of method A with method B (same questions, same seeds
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import yaml
 
 from . import grid, stats
 from .config import PROJECT_ROOT
+from .extras import methods_for
 from .io import DataError, read_json
 from .layout import Layout
 from .results import Results, ablation_reference, subgroup_share
@@ -48,7 +49,6 @@ class Comparison:
     no_verdict: str | None = None  # why no test was made
     p_adjusted: float | None = None
     verdict: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 def load_claims(path: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -165,11 +165,9 @@ class Summary:
         for section in ("claims", "questions"):
             for entry in claims[section]:
                 if "each_of_table" in entry:
-                    from .extras import methods_for  # the extra tables decide their members
-
                     expanded = [
                         {**entry, "a": m, "text": f"{entry['text']} ({m})"}
-                        for m in methods_for(self.cfg, entry["each_of_table"])
+                        for m in methods_for(self.cfg, entry["each_of_table"])  # the table decides its members
                         if m != entry["b"]
                     ]
                 else:
