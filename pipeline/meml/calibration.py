@@ -22,6 +22,7 @@ from typing import Any
 from .answers import is_correct
 from .experts import chat_messages
 from .io import DataError, atomic_write_json
+from .precision import Precision, resolve
 from .records import read_records
 from .rollout import HFEngine, Sampling, prompt_ids
 
@@ -72,13 +73,17 @@ def measure(
     prompts: Sequence[str],
     mode: str,
     seed: int,
+    precision: Precision | None = None,
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
+    precision = precision or resolve("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.to(torch.device(precision.device))  # the GPU, on a GPU grid
+    engine = HFEngine(model, tokenizer, precision=precision)
     train = read_records(Path(data_root) / dataset / "train.jsonl")[:train_questions]
     test = read_records(Path(data_root) / dataset / "test.jsonl")
     out: dict[str, Any] = {

@@ -388,6 +388,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         prompts=_prompts(cfg),
         mode=cfg["reward"]["mode"],
         seed=cfg["seed"],
+        precision=of_config(cfg),
     )
     print(json.dumps(result, indent=1))
 

@@ -11,7 +11,10 @@ rule calibrate:
     output:
         f"{RESULTS}/calibration/{{model}}/{{ds}}/{{variant}}.json",
     params:
-        cfg=cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "experts", "reward", "report", "calibration"),
+        cfg=cli_config(
+            "profile", "world", "seed", "device", "precision", "rl", "rl_by_dataset", "experts", "reward", "report",
+            "calibration",
+        ),
         experts=lambda w: ",".join(k.lstrip("e") for k in w.variant.split("-")),
     threads: config["threads"]
     resources:
