@@ -107,22 +107,32 @@ def measure(
     return out
 
 
+LABELS = {"rollout_success": "rollout success", "finished": "finished share", "greedy_accuracy": "greedy accuracy"}
+
+
+def out_of_range(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[tuple[str, str, float]]:
+    """(measurement, expert e.g. "e1", value) of every value outside its range, in a fixed order."""
+    greedy = result["greedy"]
+    measured = [
+        ("rollout_success", result["rollout_success"]),
+        ("finished", result["finished"]),
+        ("greedy_accuracy", {f"e{greedy['expert']}": greedy["accuracy"]}),
+    ]
+    return [
+        (key, expert, value)
+        for key, values in measured
+        for expert, value in values.items()
+        if not ranges[key][0] <= value <= ranges[key][1]
+    ]
+
+
 def check(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[str]:
     """One line per value outside its range: the value, the range, the settings that move it."""
-    problems = []
-    values = [(f"expert {e[1:]}'s rollout success", "rollout_success", v) for e, v in result["rollout_success"].items()]
-    values += [(f"expert {e[1:]}'s finished share", "finished", v) for e, v in result["finished"].items()]
-    values.append(
-        (f"expert {result['greedy']['expert']}'s greedy accuracy", "greedy_accuracy", result["greedy"]["accuracy"])
-    )
-    for label, key, value in values:
-        low, high = ranges[key]
-        if not low <= value <= high:
-            problems.append(
-                f"{label} {value:.2f} is outside calibration.ranges.{key} [{low}, {high}]; "
-                f"change {MOVED_BY[key].replace('<ds>', result['dataset'])}"
-            )
-    return problems
+    return [
+        f"expert {expert[1:]}'s {LABELS[key]} {value:.2f} is outside calibration.ranges.{key} "
+        f"[{ranges[key][0]}, {ranges[key][1]}]; change {MOVED_BY[key].replace('<ds>', result['dataset'])}"
+        for key, expert, value in out_of_range(result, ranges)
+    ]
 
 
 def calibrate(

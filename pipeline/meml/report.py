@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from . import extras, grid, summary
+from .calibration import out_of_range
 from .experts import prompts_of
 from .io import DataError, atomic_write_text, read_json
 from .layout import Layout
@@ -304,20 +305,16 @@ def _pct(pair: list[float]) -> str:
 def calibration_warnings(cfg: dict[str, Any], root: Path) -> list[str]:
     """One line per MEF model outside the informative range: the values out of range, with theirs."""
     ranges = cfg["calibration"]["ranges"]
+    names = {"rollout_success": "rollout success", "finished": "finished", "greedy_accuracy": "greedy accuracy"}
     lines = []
     for model, ds, variant in grid.calibrated(cfg):
-        c = read_json(Layout(root).calibration(model, ds, variant))
-        measured = [
-            ("rollout success", "rollout_success", c["rollout_success"]),
-            ("finished", "finished", c["finished"]),
-            ("greedy accuracy", "greedy_accuracy", {f"e{c['greedy']['expert']}": c["greedy"]["accuracy"]}),
+        found = out_of_range(read_json(Layout(root).calibration(model, ds, variant)), ranges)
+        parts = [
+            f"{names[key]} {' · '.join(f'{e} {100 * v:.0f}' for k, e, v in found if k == key)} "
+            f"(range {_pct(ranges[key])})"
+            for key in names
+            if any(k == key for k, _, _ in found)
         ]
-        parts = []
-        for label, key, values in measured:
-            low, high = ranges[key]
-            out = [f"{e} {100 * v:.0f}" for e, v in values.items() if not low <= v <= high]
-            if out:
-                parts.append(f"{label} {' · '.join(out)} (range {_pct([low, high])})")
         if parts:
             lines.append(f"- {model}/{ds}/{variant}: {'; '.join(parts)}")
     return lines
