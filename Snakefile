@@ -19,9 +19,9 @@ configfile: Path(workflow.basedir) / "config" / "default.yaml"
 validate(config, Path(workflow.basedir) / "config" / "schema.yaml")
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
-from meml import grid  # noqa: E402
-from meml.experts import prompts_of  # noqa: E402
-from meml.io import DataError  # noqa: E402
+from meml.plan import grid  # noqa: E402
+from meml.data.experts import prompts_of  # noqa: E402
+from meml.core.io import DataError  # noqa: E402
 
 try:
     N_EXPERTS = len(prompts_of(config))
@@ -43,7 +43,7 @@ CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 
 # Say what the grid will cost before anything runs (also on -n); not again inside each job.
 if config["device"] == "cuda" and workflow.is_main_process:
-    from meml import cost  # noqa: E402
+    from meml.training import cost  # noqa: E402
 
     _speeds = cost.throughputs(config, Path(RESULTS) / "cost_throughput.json")
     _rows = cost.estimate(config, _speeds)
@@ -151,7 +151,7 @@ include: "pipeline/rules/report.smk"
 
 onsuccess:
     stop_worker()
-    from meml.finish import message  # noqa: E402
+    from meml.reporting.finish import message  # noqa: E402
 
     print(message(config), file=sys.stderr)
 

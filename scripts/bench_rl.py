@@ -33,12 +33,12 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.manual_seed(0)
-    from meml.config import load_config
+    from meml.core.config import load_config
 
     cfg = load_config()
     steps = args.steps + 1
     if kind in ("grpo", "moe", "meml"):
-        from meml.rl import Method, run_rl
+        from meml.training.rl import Method, run_rl
 
         name = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}[kind]
         settings = dict(
@@ -79,10 +79,10 @@ def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dic
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from meml.answers import is_correct
-    from meml.config import load_config
-    from meml.experts import chat_messages
-    from meml.records import read_records
+    from meml.core.answers import is_correct
+    from meml.core.config import load_config
+    from meml.core.records import read_records
+    from meml.data.experts import chat_messages
 
     records = read_records(Path(args.data) / "train.jsonl")
     rows = [{"prompt": chat_messages(r, 1), "answer": r.answer} for r in records]

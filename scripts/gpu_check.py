@@ -24,14 +24,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
 
-from meml.config import load_config
-from meml.experts import chat_messages
-from meml.io import atomic_write_json
-from meml.precision import of_config
-from meml.probe import PAPER_ARCHITECTURES, build_probe, timed_steps
-from meml.records import read_records
-from meml.rollout import HFEngine, Sampling, check_synced, prompt_ids
-from meml.tiny_models import ARCHITECTURES
+from meml.core.config import load_config
+from meml.core.io import atomic_write_json
+from meml.core.precision import of_config
+from meml.core.records import read_records
+from meml.data.experts import chat_messages
+from meml.data.tiny_models import ARCHITECTURES
+from meml.training.probe import PAPER_ARCHITECTURES, build_probe, timed_steps
+from meml.training.rollout import HFEngine, Sampling, check_synced, prompt_ids
 
 PAPER = Path(__file__).resolve().parents[1] / "config" / "paper.yaml"
 
@@ -82,8 +82,8 @@ def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from meml.rl import completion_logprobs
-    from meml.rollout_vllm import VLLMEngine
+    from meml.training.rl import completion_logprobs
+    from meml.training.rollout_vllm import VLLMEngine
 
     precision = of_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -23,9 +23,9 @@ import torch
 
 
 def sparsity_at_start(sft: Path, data: Path, n_questions: int, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    from meml.complementarity import sample_correctness
-    from meml.grid import rollouts_per_expert
-    from meml.rollout import Sampling
+    from meml.evaluation.complementarity import sample_correctness
+    from meml.plan.grid import rollouts_per_expert
+    from meml.training.rollout import Sampling
 
     sampling = Sampling(int(settings["max_new_tokens"]), float(settings["temperature"]), float(settings["top_p"]))
     G = int(settings["group_size"])
@@ -66,8 +66,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from meml.config import load_config
-    from meml.rl import Method, run_rl
+    from meml.core.config import load_config
+    from meml.training.rl import Method, run_rl
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", type=Path, required=True)

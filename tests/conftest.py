@@ -25,7 +25,7 @@ def shared_datasets() -> Path:
 @pytest.fixture(scope="session")
 def small_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small toy world shared by the tests that only read it."""
-    from meml.toy.world import build_world
+    from meml.data.toy.world import build_world
 
     root = tmp_path_factory.mktemp("world")
     build_world(root, seed=0, sizes={"gsm8k": (60, 20), "strategyqa": (60, 20), "mathqa": (60, 20)})

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from scripted import ScriptedEngine  # expert 1 right, the others wrong: IML and HSFT fire
 
-from meml.config import load_config
-from meml.records import read_records
-from meml.rl import Method, run_rl
-from meml.sft import run_sft
+from meml.core.config import load_config
+from meml.core.records import read_records
+from meml.training.rl import Method, run_rl
+from meml.training.sft import run_sft
 
 
 def main(world: Path, base: Path, out: Path) -> None:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meml import checkpoint, rl
-from meml.buffer import HardExampleBuffer
-from meml.config import load_config
+from meml.core.config import load_config
+from meml.training import checkpoint, rl
+from meml.training.buffer import HardExampleBuffer
 
 
 def die() -> None:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from meml.experts import DEFAULT_PROMPTS
-from meml.rollout import Completion, Sampling
-from meml.stops import stop_tokens
+from meml.core.stops import stop_tokens
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.training.rollout import Completion, Sampling
 
 
 class ScriptedEngine:
@@ -45,7 +45,7 @@ def scripted_engine(model_dir: Path, data_dir: Path) -> ScriptedEngine:
     """A ScriptedEngine for the questions of data_dir/train.jsonl, with model_dir's tokenizer."""
     from transformers import AutoTokenizer
 
-    from meml.records import read_records
+    from meml.core.records import read_records
 
     answers = {r.question: r.answer for r in read_records(data_dir / "train.jsonl")}
     return ScriptedEngine(AutoTokenizer.from_pretrained(model_dir), answers)

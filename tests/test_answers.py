@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meml.answers import (
+from meml.core.answers import (
     RewardConfig,
     canonical_answer_line,
     extract,
@@ -13,7 +13,7 @@ from meml.answers import (
     parse_number,
     reward,
 )
-from meml.loaders import parse_mathqa_options
+from meml.data.loaders import parse_mathqa_options
 
 CASES = yaml.safe_load((Path(__file__).parent / "fixtures" / "answer_cases.yaml").read_text())
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from meml.buffer import HardExample, HardExampleBuffer
+from meml.training.buffer import HardExample, HardExampleBuffer
 
 
 def test_threshold_is_a_strict_failure_rate() -> None:

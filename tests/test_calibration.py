@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from meml.calibration import CalibrationError, answer_balance, calibrate, check
-from meml.experts import DEFAULT_PROMPTS
-from meml.rollout import Sampling
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.evaluation.calibration import CalibrationError, answer_balance, calibrate, check
+from meml.training.rollout import Sampling
 
 RANGES = {"rollout_success": [0.2, 0.45], "greedy_accuracy": [0.25, 0.6], "finished": [0.95, 1.0]}
 
@@ -39,7 +39,7 @@ def test_answer_balance_is_the_largest_class_share() -> None:
 
 @pytest.fixture(scope="module")
 def untrained(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from meml.tiny_models import build_tiny_models, toy_corpus
+    from meml.data.tiny_models import build_tiny_models, toy_corpus
 
     out = tmp_path_factory.mktemp("calibration-models")
     return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["qwen2"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
-from meml.config import load_config
-from meml.cost import Assumptions, Throughput, estimate, rl_work, table
+from meml.core.config import load_config
+from meml.training.cost import Assumptions, Throughput, estimate, rl_work, table
 
 
 def _cfg() -> dict:

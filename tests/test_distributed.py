@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
-from meml.config import load_config
-from meml.experts import DEFAULT_PROMPTS
-from meml.tiny_models import build_tiny_models, toy_corpus
+from meml.core.config import load_config
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 

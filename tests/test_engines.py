@@ -12,13 +12,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meml.config import load_config
-from meml.engines import make_engine
-from meml.experts import DEFAULT_PROMPTS
-from meml.io import DataError
-from meml.precision import resolve
-from meml.rl import Method, run_rl
-from meml.rollout import (
+from meml.core.config import load_config
+from meml.core.io import DataError
+from meml.core.precision import resolve
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
+from meml.training.engines import make_engine
+from meml.training.rl import Method, run_rl
+from meml.training.rollout import (
     HFCopyEngine,
     HFEngine,
     Sampling,
@@ -27,7 +28,6 @@ from meml.rollout import (
     hf_generation_kwargs,
     vllm_sampling_kwargs,
 )
-from meml.tiny_models import build_tiny_models, toy_corpus
 
 CONFIG = load_config()
 
@@ -50,8 +50,8 @@ def test_both_engines_read_one_sampling_setting() -> None:
 
 
 def test_precision_is_one_decision_for_every_stage() -> None:
-    from meml.rollout_vllm import llm_kwargs
-    from meml.sft import device_settings
+    from meml.training.rollout_vllm import llm_kwargs
+    from meml.training.sft import device_settings
 
     cpu, gpu = resolve("cpu"), resolve("cuda")
     assert (cpu.dtype, cpu.gradient_checkpointing) == ("float32", False)
@@ -131,7 +131,13 @@ def test_rl_with_a_synced_copy_runs_and_a_stale_copy_stops(small_world: Path, mo
 def test_without_vllm_the_project_imports_and_the_engine_explains(model_dir: Path) -> None:
     import importlib
 
-    for name in ("meml.rollout_vllm", "meml.engines", "meml.rl", "meml.cost", "meml.probe"):
+    for name in (
+        "meml.training.rollout_vllm",
+        "meml.training.engines",
+        "meml.training.rl",
+        "meml.training.cost",
+        "meml.training.probe",
+    ):
         importlib.import_module(name)
     assert "vllm" not in sys.modules
     with pytest.raises(DataError, match=r"GPU-only extra.*pip install -e \.\[gpu\]"):

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from meml.answers import answers_match
-from meml.complementarity import complementarity, sample_correctness
-from meml.evaluate import evaluate, majority_vote
-from meml.experts import DEFAULT_PROMPTS
-from meml.io import DataError
-from meml.lm_tasks import TASKS_DIR, expected_files
-from meml.records import read_records
-from meml.tiny_models import build_tiny_models, toy_corpus
+from meml.core.answers import answers_match
+from meml.core.io import DataError
+from meml.core.records import read_records
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
+from meml.evaluation.complementarity import complementarity, sample_correctness
+from meml.evaluation.evaluate import evaluate, majority_vote
+from meml.evaluation.lm_tasks import TASKS_DIR, expected_files
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def model(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_committed_task_files_match_the_generator() -> None:
     for name, text in expected_files().items():
-        assert (TASKS_DIR / name).read_text() == text, f"{name} is stale: run python -m meml.lm_tasks"
+        assert (TASKS_DIR / name).read_text() == text, f"{name} is stale: run python -m meml.evaluation.lm_tasks"
 
 
 def test_majority_vote_tie_rule() -> None:
@@ -109,7 +109,7 @@ def test_complementarity_statistics_by_hand() -> None:
 def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
     import importlib.util
 
-    from meml.evaluate import _make_model
+    from meml.evaluation.evaluate import _make_model
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
@@ -120,7 +120,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
 
 
 def test_complementarity_samples_one_model_per_expert_when_given_three(small_world: Path, model: Path) -> None:
-    from meml.rollout import Sampling
+    from meml.training.rollout import Sampling
 
     data = small_world / "data/gsm8k/test.jsonl"
     args = ([0, 1, 2], 2, Sampling(max_new_tokens=8, temperature=1.0))

@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import PROJECT
 
-from meml.experts import DEFAULT_PROMPTS
-from meml.tiny_models import build_tiny_models, toy_corpus
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 
@@ -36,7 +36,7 @@ def _metrics(run: Path) -> list[dict]:
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(small_world: Path, tmp_path: Path) -> None:
     import mlflow
 
-    from meml.tracking import ensure_experiment
+    from meml.core.tracking import ensure_experiment
 
     model = build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path / "m", seed=0, vocab_size=400)["llama"]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-from meml.buffer import HardExample, HardExampleBuffer
-from meml.grid import rollouts_per_expert
-from meml.losses import iml_pairs, subgroup_advantages
+from meml.plan.grid import rollouts_per_expert
+from meml.training.buffer import HardExample, HardExampleBuffer
+from meml.training.losses import iml_pairs, subgroup_advantages
 
 GROUPS = (6, 8, 12)
 BONUSES = (0.0, 0.2, 0.3)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from conftest import PROJECT
 
-from meml import grid
-from meml.config import load_config
-from meml.io import DataError
+from meml.core.config import load_config
+from meml.core.io import DataError
+from meml.data.tiny_models import tiny_arch
+from meml.plan import grid
 
 
 def test_default_grid_is_the_papers() -> None:
@@ -33,7 +34,7 @@ def test_paper_config_lists_the_same_grid_with_hub_models() -> None:
     cfg = load_config(PROJECT / "config" / "paper.yaml")
     assert cfg["world"] == "real" and cfg["device"] == "cuda"
     assert len(grid.cells(cfg)) == 42
-    assert grid.tiny_arch(cfg, "qwen2") is None
+    assert tiny_arch(cfg, "qwen2") is None
     assert cfg["models"]["qwen2"]["source"] == "Qwen/Qwen2.5-Math-1.5B"
     assert (cfg["rl"]["group_size"], cfg["rl"]["lr"], cfg["sft"]["lr"], cfg["sft"]["epochs"]) == (8, 1e-6, 1e-5, 1)
 

@@ -8,8 +8,8 @@ import yaml
 from conftest import PROJECT
 
 from meml.cli import main
-from meml.config import load_config
-from meml.io import DataError, atomic_open, atomic_write_text
+from meml.core.config import load_config
+from meml.core.io import DataError, atomic_open, atomic_write_text
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from meml.io import DataError
-from meml.loaders import load_hub, load_local, parse_mathqa_options
-from meml.records import read_records, write_records
+from meml.core.io import DataError
+from meml.core.records import read_records, write_records
+from meml.data.loaders import load_hub, load_local, parse_mathqa_options
 
 
 def write_json(path: Path, obj: object) -> None:
@@ -122,8 +122,8 @@ def test_hub_revision_reaches_the_loader() -> None:
         seen.update(kwargs, hub_id=hub_id)
         return {"train": [MQA_ROW], "test": [MQA_ROW]}
 
-    from meml.config import load_config
-    from meml.loaders import load_real
+    from meml.core.config import load_config
+    from meml.data.loaders import load_real
 
     settings = load_config()["data"]["mathqa"]
     assert settings["hub_revision"] == "refs/convert/parquet"  # the default: the plain-file copy
@@ -208,7 +208,7 @@ def test_prepared_records_round_trip_and_validation(tmp_path: Path) -> None:
 
 
 def test_expert_files_refuse_a_question_twice_and_a_wrong_answer(tmp_path: Path) -> None:
-    from meml.experts import read_trajectories
+    from meml.data.experts import read_trajectories
 
     records = load_local("gsm8k", _gsm_folder(tmp_path))
     by_id = {r.id: r for r in records}

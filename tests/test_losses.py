@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from meml.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from meml.training.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 
 
 def test_grpo_advantages_by_hand_with_ragged_3_3_2_subgroups() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meml.agreement import run
-from meml.loaders import load_local
+from meml.data.agreement import run
+from meml.data.loaders import load_local
 
 
 def test_real_splits(shared_datasets: Path) -> None:

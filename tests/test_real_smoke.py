@@ -51,7 +51,7 @@ def test_every_table_of_the_real_world(real_run: Path) -> None:
 
 
 def test_the_real_tasks_read_the_real_prepared_files(real_run: Path) -> None:
-    from meml.loaders import load_local
+    from meml.data.loaders import load_local
 
     for ds in ("gsm8k", "strategyqa", "mathqa"):
         real = [r for r in load_local(ds, SHARED / ds) if r.split == "test"][:8]

@@ -12,10 +12,10 @@ from conftest import PROJECT
 from scripted import scripted_engine
 from test_rl import METHODS, tiny_settings
 
-from meml import checkpoint
-from meml.io import DataError, read_jsonl
-from meml.rl import Method, run_rl
-from meml.tracking import read_metrics
+from meml.core.io import DataError, read_jsonl
+from meml.core.tracking import read_metrics
+from meml.training import checkpoint
+from meml.training.rl import Method, run_rl
 
 
 def _run(world: Path, model: Path, out: Path, **changes: object) -> dict:
@@ -29,8 +29,8 @@ def _run(world: Path, model: Path, out: Path, **changes: object) -> dict:
 
 @pytest.fixture(scope="module")
 def base_model(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from meml.experts import DEFAULT_PROMPTS
-    from meml.tiny_models import build_tiny_models, toy_corpus
+    from meml.data.experts import DEFAULT_PROMPTS
+    from meml.data.tiny_models import build_tiny_models, toy_corpus
 
     out = tmp_path_factory.mktemp("rel_models")
     return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=0, vocab_size=500)["qwen2"]
@@ -62,7 +62,7 @@ def test_a_forced_rerun_trains_again(small_world: Path, base_model: Path, tmp_pa
 
 
 HOLD = (  # a process that holds a run folder's lock for a minute
-    "from meml.io import run_lock\nimport time\nwith run_lock({folder!r}):\n"
+    "from meml.core.io import run_lock\nimport time\nwith run_lock({folder!r}):\n"
     "    print('held', flush=True); time.sleep(60)"
 )
 
@@ -129,7 +129,7 @@ def test_damaged_files_get_one_line_naming_file_and_line(tmp_path: Path) -> None
 
 
 def test_duplicate_gsm8k_questions_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from meml.loaders import normalise_gsm8k
+    from meml.data.loaders import normalise_gsm8k
 
     row = {"question": "How much?", "answer": "5\n#### 5"}
     records = normalise_gsm8k([(1, row), (2, {"question": "Other?", "answer": "#### 1"}), (3, row)], "train", "t.jsonl")

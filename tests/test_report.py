@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
-from meml import grid
-from meml.config import load_config
-from meml.io import DataError
-from meml.report import build
+from meml.core.config import load_config
+from meml.core.io import DataError
+from meml.plan import grid
+from meml.reporting.report import build
 
 # expert-1 accuracy per (method, data set, seed); every other expert scores 0.30, the vote 0.40
 E1 = {
@@ -224,8 +224,8 @@ def test_missing_result_is_named(tmp_path: Path) -> None:
 
 
 def test_teachers_table_from_the_stats_files(tmp_path: Path) -> None:
-    from meml.report import teachers_table
-    from meml.tables import to_latex
+    from meml.reporting.analysis_tables import teachers_table
+    from meml.reporting.tables import to_latex
 
     cfg = load_config(overrides={"world": "real", "grid.datasets": ["gsm8k"]})
     folder = tmp_path / "real/experts/gsm8k"

@@ -11,15 +11,15 @@ import torch
 from scripted import ScriptedEngine, scripted_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meml.config import load_config
-from meml.experts import DEFAULT_PROMPTS
-from meml.grid import rollouts_per_expert
-from meml.io import DataError
-from meml.records import read_records
-from meml.rl import Method, QuestionOrder, run_rl
-from meml.rollout import HFEngine, Sampling
-from meml.sft import run_sft
-from meml.tiny_models import build_tiny_models, toy_corpus
+from meml.core.config import load_config
+from meml.core.io import DataError
+from meml.core.records import read_records
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
+from meml.plan.grid import rollouts_per_expert
+from meml.training.rl import Method, QuestionOrder, run_rl
+from meml.training.rollout import HFEngine, Sampling
+from meml.training.sft import run_sft
 
 CONFIG = load_config()
 METHODS = CONFIG["methods"]
@@ -109,7 +109,7 @@ def sft_model(small_world: Path, base_model: Path, tmp_path_factory: pytest.Temp
 
 
 def test_sft_trains_on_assistant_tokens_with_expert_prompts(small_world: Path, sft_model: Path) -> None:
-    from meml.sft import sft_examples
+    from meml.training.sft import sft_examples
 
     examples = sft_examples(small_world / "data/gsm8k", small_world / "experts/gsm8k", [1])
     assert len(examples) == 60
@@ -179,7 +179,7 @@ def test_changed_values_discard_old_checkpoints(small_world: Path, sft_model: Pa
 
 
 def test_incomplete_checkpoint_is_never_resumed(tmp_path: Path) -> None:
-    from meml import checkpoint
+    from meml.training import checkpoint
 
     checkpoint.save(tmp_path, 2, {"step": 2})
     (tmp_path / "step-000004").mkdir()  # a checkpoint killed before its COMPLETE marker
@@ -214,7 +214,7 @@ def test_rl_command_runs_a_method_with_its_own_rl_settings(small_world: Path, sf
 
 
 def test_informative_groups_by_hand() -> None:
-    from meml.rl import Groups
+    from meml.training.rl import Groups
 
     # question 0: expert 0 has 1/0 (spread); question 1: every slot 0; question 2: all 1 but a padded slot
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 0.0]]])
@@ -320,7 +320,7 @@ def test_completion_logprobs_are_the_next_token_log_probs_of_each_completion(bas
     """Logits at position t predict token t + 1: completion token j is scored by the logits at
     len(prompt) + j - 1. Checked against one unpadded forward pass per row, for two rows of
     different lengths (the shorter one right-padded)."""
-    from meml.rl import completion_logprobs
+    from meml.training.rl import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(base_model).eval()
     prompts, completions = [[5, 9, 14, 3], [7, 2]], [[11, 4], [8, 6, 12, 10]]
@@ -371,7 +371,7 @@ def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp
 
 
 def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
-    from meml.rl_settings import RLSettings
+    from meml.training.rl_settings import RLSettings
 
     s = RLSettings.from_config(CONFIG["rl"])
     assert (s.steps, s.group_size, s.buffer.capacity, s.epochs) == (3, 8, 8, None)

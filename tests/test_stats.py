@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from meml import stats
-from meml.summary import Comparison, decide
+from meml.reporting import stats
+from meml.reporting.summary import Comparison, decide
 
 SETTINGS = {"level": 0.95, "margin": 2.0, "floor": 2.0, "min_seeds": 2}
 

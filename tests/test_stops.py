@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from meml.evaluate import generation_overrides
-from meml.rollout import HFEngine, Sampling, vllm_sampling_kwargs
-from meml.stops import stop_tokens, target_ids
-from meml.tiny_models import train_tokenizer
+from meml.core.stops import stop_tokens, target_ids
+from meml.data.tiny_models import train_tokenizer
+from meml.evaluation.evaluate import generation_overrides
+from meml.training.rollout import HFEngine, Sampling, vllm_sampling_kwargs
 
 CORPUS = ["The answer is 12.\n#### 12", "So the answer is yes.", "answer : c"] * 20
 
@@ -81,7 +81,7 @@ def test_evaluation_stops_on_the_same_tokens(qwen_base: Any) -> None:
 
 
 def test_sft_counts_the_examples_it_would_cut(qwen_base: Any) -> None:
-    from meml.sft import truncated_share
+    from meml.training.sft import truncated_share
 
     def example(answer: str) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]}

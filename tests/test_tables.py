@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meml.tables import Table, fmt, fmt_diff, latex_escape, ours_paper_diff, to_latex, to_markdown
+from meml.reporting.tables import Table, fmt, fmt_diff, latex_escape, ours_paper_diff, to_latex, to_markdown
 
 
 def test_cells_by_hand() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from meml.io import DataError
-from meml.records import Record, read_records
-from meml.teachers import DEFAULTS, Reply, build_expert, generate, teacher_key
+from meml.core.io import DataError
+from meml.core.records import Record, read_records
+from meml.data.teachers import DEFAULTS, Reply, build_expert, generate, teacher_key
 
 SECRET = "sk-test-SECRET-4242"
 
@@ -128,7 +128,7 @@ def test_rejection_sampling_keeps_only_accepted_answers(
 
 
 def _data(tmp: Path, records: list[Record]) -> Path:
-    from meml.records import write_records
+    from meml.core.records import write_records
 
     write_records(tmp / "data/train.jsonl", records)
     return tmp / "data"

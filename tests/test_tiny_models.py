@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meml.experts import DEFAULT_PROMPTS, chat_messages
-from meml.records import read_records
-from meml.tiny_models import build_tiny_models, toy_corpus
+from meml.core.records import read_records
+from meml.data.experts import DEFAULT_PROMPTS, chat_messages
+from meml.data.tiny_models import build_tiny_models, toy_corpus
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_same_seed_same_weights(small_world: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_model_kind_is_a_clear_error(small_world: Path, tmp_path: Path) -> None:
-    from meml.io import DataError
+    from meml.core.io import DataError
 
     with pytest.raises(DataError, match="unknown tiny model 'gpt2'; known: qwen2, llama"):
         build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path, seed=0, vocab_size=400, kinds=["gpt2"])

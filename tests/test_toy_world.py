@@ -6,11 +6,11 @@ import filecmp
 import json
 from pathlib import Path
 
-from meml.answers import is_correct
-from meml.experts import read_trajectories
-from meml.records import read_records
-from meml.toy.stats import world_stats
-from meml.toy.world import build_world
+from meml.core.answers import is_correct
+from meml.core.records import read_records
+from meml.data.experts import read_trajectories
+from meml.data.toy.stats import world_stats
+from meml.data.toy.world import build_world
 
 SIZES = {"gsm8k": (40, 10), "strategyqa": (40, 10), "mathqa": (40, 10)}
 
@@ -74,7 +74,7 @@ def test_difficulty_range_and_balance(small_world: Path) -> None:
 
 
 def test_five_expert_world_adds_two_distinct_checked_styles(tmp_path: Path) -> None:
-    from meml.toy.styles import render_e3, render_e4
+    from meml.data.toy.styles import render_e3, render_e4
 
     build_world(tmp_path, 0, SIZES, n_experts=5)
     for ds in SIZES:
@@ -96,7 +96,7 @@ def test_five_expert_world_adds_two_distinct_checked_styles(tmp_path: Path) -> N
 def test_gsm8k_max_ops_caps_the_chain_and_leaves_the_default_alone() -> None:
     import random
 
-    from meml.toy import gsm8k
+    from meml.data.toy import gsm8k
 
     short = gsm8k.generate(random.Random(3), 200, max_ops=1)
     assert all(sum(not s.side for s in p.steps) == 1 for _, p in short)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meml.tracking import Tracker, flatten, metric_name
+from meml.core.tracking import Tracker, flatten, metric_name
 
 
 def test_metric_names_and_flatten() -> None:

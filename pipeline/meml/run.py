@@ -11,13 +11,13 @@ import sys
 def main() -> int:
     path = os.environ.get("MEML_WORKER")
     if path and os.path.exists(path):
-        from .worker import run_in_worker
+        from meml.worker import run_in_worker
 
         try:
             return run_in_worker(path, sys.argv[1:])
         except OSError:  # refused, gone, or closed before the job started: run it here
             pass
-    from .cli import main as cli_main
+    from meml.cli import main as cli_main
 
     return cli_main(sys.argv[1:])
 

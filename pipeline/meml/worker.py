@@ -6,8 +6,8 @@ each job then runs in a child forked from it, with the job's own working folder,
 arguments and stdout/stderr, and reports its exit code. It is what multiprocessing's forkserver
 does, for whole commands:
 
-    meml worker --socket PATH       the server (Snakemake's `onstart` starts it, `onsuccess` and
-                                    `onerror` stop it; it also exits when Snakemake does)
+    python -m meml.worker --socket PATH   the server (Snakemake's `onstart` starts it, `onsuccess`
+                                    and `onerror` stop it; it also exits when Snakemake does)
     python -m meml.run ARGS         a job: runs `meml ARGS` in the worker when MEML_WORKER names
                                     a live socket, else exactly as `python -m meml.cli ARGS`
 
@@ -33,11 +33,11 @@ from typing import Any
 PRELOAD = (
     "torch",
     "transformers",
-    "meml.rl",
-    "meml.sft",
-    "meml.evaluate",
-    "meml.complementarity",
-    "meml.tracking",
+    "meml.training.rl",
+    "meml.training.sft",
+    "meml.evaluation.evaluate",
+    "meml.evaluation.complementarity",
+    "meml.core.tracking",
     "mlflow",
     "mlflow.store.tracking.sqlalchemy_store",  # imported lazily at a run's first call otherwise (1.3 s)
     "lm_eval",
@@ -82,7 +82,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads()))
-    from .cli import main
+    from meml.cli import main
 
     try:
         return main(request["argv"])
@@ -198,7 +198,7 @@ def start(path: str | Path, env: dict[str, str] | None = None, timeout: float = 
     path = Path(path)
     path.unlink(missing_ok=True)
     process = subprocess.Popen(
-        [sys.executable, "-m", "meml.cli", "worker", "--socket", str(path)],
+        [sys.executable, "-m", "meml.worker", "--socket", str(path)],
         env={**os.environ, **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -211,3 +211,11 @@ def start(path: str | Path, env: dict[str, str] | None = None, timeout: float = 
             return None  # jobs then run as fresh processes: slower, never wrong
         time.sleep(0.1)
     return process
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m meml.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    serve(parser.parse_args().socket)

@@ -1,0 +1,313 @@
+"""Step metrics: always a JSONL file in the run folder; also MLflow when enabled.
+
+One MLflow run per cell, tagged `cell_key` (a deterministic key of the values that define the
+cell) and found again by it, so a re-run or a resumed run never creates a second MLflow run.
+Metric names use only characters MLflow accepts (letters, digits, _ - . / and space).
+
+Exactly once: a step's metrics reach MLflow only when `commit` is called, after the checkpoint that
+covers the step is written. A run killed between a step and its checkpoint redoes that step on
+resume; MLflow, which cannot delete a value, never saw it. On start the tracker also sends MLflow
+the kept steps it lacks (a kill between a checkpoint and its commit), so each (key, step) is
+logged once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from meml.core.io import DataError, atomic_write_text
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A torn last line (a kill mid-write) is dropped: its step had
+    no checkpoint yet and is redone. A bad line anywhere else names the file and line."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise DataError(f"not valid JSON ({err.msg}): a damaged metrics file", path, number) from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise DataError("a metrics row without 'step'", path, number)
+        rows.append(row)
+    return rows
+
+
+def metric_name(name: str) -> str:
+    return _BAD_CHARS.sub("_", name)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def ensure_experiment(settings: dict[str, Any]) -> str:
+    """Point MLflow at the store and return the experiment's id, creating it (with its artifacts in
+    `settings["artifacts"]`, an absolute path) the first time. The DAG calls this once, from one
+    process, before parallel jobs start: processes creating a new SQLite store at once corrupt it."""
+    import mlflow
+
+    uri = str(settings["tracking_uri"])
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    name = settings["experiment"]
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is None:
+        artifacts = settings.get("artifacts")
+        location = (Path(artifacts).resolve() / name).as_uri() if artifacts else None
+        experiment_id = str(mlflow.create_experiment(name, artifact_location=location))
+    else:
+        experiment_id = str(experiment.experiment_id)
+    client = mlflow.MlflowClient()
+    if settings.get("description"):  # the UI shows this note on the experiment's page
+        client.set_experiment_tag(experiment_id, "mlflow.note.content", settings["description"])
+    # Open on the training runs (MLflow 3's UI otherwise opens a GenAI overview), and a saved view
+    # of the runs table grouped by the method tag: the link the end-of-run message prints
+    client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + GROUPED_VIEW, json.dumps(GROUPED_STATE))
+    return experiment_id
+
+
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # how the MLflow UI (3.x) stores a shared view
+GROUPED_VIEW = "by-method"
+GROUPED_STATE = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "method"}]}}
+
+
+def grouped_view_url(experiment_id: str, host: str = "http://127.0.0.1:5000") -> str:
+    """The UI's runs table of an experiment, grouped by method (mean of each group's metrics)."""
+    return f"{host}/#/experiments/{experiment_id}/runs?viewStateShareKey={GROUPED_VIEW}"
+
+
+def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:
+    """Retag a replaced run's `cell_key` (`<key>@replaced-<label>`): the cell's next run is a new
+    MLflow run, and the old one stays browsable."""
+    import mlflow
+
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    client = mlflow.MlflowClient()
+    try:
+        key = client.get_run(run_id).data.tags.get("cell_key", "")
+    except Exception:  # the store no longer holds it: nothing to retag
+        return
+    client.set_tag(run_id, "cell_key", f"{key}@replaced-{label}")
+
+
+def log_to_run(
+    settings: dict[str, Any],
+    run_id: str,
+    metrics: dict[str, float],
+    artifacts: list[str | Path] = (),  # type: ignore[assignment]
+) -> None:
+    """Add metrics and files to an existing run (evaluation results to their cell's RL run)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(settings["tracking_uri"])
+    client = mlflow.MlflowClient()
+    for name, value in metrics.items():
+        client.log_metric(run_id, metric_name(name), float(value))
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+
+
+def experiment_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`mlflow`, with the experiment named after the profile unless set: one experiment per profile,
+    described on its page in the UI."""
+    world = "toy world (synthetic data sets, tiny models, CPU)" if cfg["world"] == "toy" else "real data sets"
+    description = (
+        f"MEML-GRPO reproduction, profile '{cfg['profile']}': {world}. One run per cell "
+        "(model x data set x method x seed); group by the tags model, dataset, method, advantage, iml, hsft. "
+        f"Tables and figures: report/{cfg['profile']}/index.md, and the '{cfg['profile']}/report' run's artifacts."
+    )
+    return {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"], "description": description}
+
+
+def run_tags(cfg: dict[str, Any], cell: Any) -> dict[str, str]:
+    """The tags a cell's run carries (cell: model, dataset, method, seed), so that the UI's "Group
+    by" and search work on the grid's dimensions and the method's switches without knowing the
+    cell-key format."""
+    switches = cfg["methods"][cell.method]
+    return {
+        "profile": cfg["profile"],
+        "world": cfg["world"],
+        "model": cell.model,
+        "dataset": cell.dataset,
+        "method": cell.method,
+        "seed": str(cell.seed),
+        "advantage": switches["advantage"],
+        "iml": str(bool(switches["iml"])).lower(),
+        "hsft": str(bool(switches["hsft"])).lower(),
+        "experts_in_rl": ",".join(str(k) for k in switches["rl_experts"]),
+        "sft_experts": ",".join(str(k) for k in switches["sft_experts"]),
+    }
+
+
+def run_id_beside(run_folder: str | Path) -> str:
+    """The MLflow run id an RL run folder keeps (`mlflow_run_id`)."""
+    path = Path(run_folder) / "mlflow_run_id"
+    if not path.is_file():
+        raise DataError("no MLflow run id beside this RL run (was it trained with mlflow.enabled?)", path)
+    return path.read_text().strip()
+
+
+def log_evaluation(settings: dict[str, Any], run_id: str, block: dict[str, Any], files: list[str | Path]) -> None:
+    """An evaluation's accuracies on its cell's RL run, named like the training metrics
+    (reward/expert1 in training, eval/expert1/lenient here), and its JSON as an artifact."""
+    metrics = {
+        f"eval/expert{name[1:]}/{m}": e[m]
+        for name, e in block["experts"].items()
+        for m in ("strict", "lenient", "finished")
+    }
+    for mode in ("strict", "lenient") if "majority_vote" in block else ():
+        metrics[f"eval/majority_vote/{mode}"] = block["majority_vote"][mode]
+    log_to_run(settings, run_id, metrics, files)
+
+
+def log_teacher(
+    cfg: dict[str, Any], folder: Path, dataset: str, expert: int, teacher: dict[str, Any], summary: dict[str, Any]
+) -> None:
+    """One run per data set and teacher with its acceptance counts; the key's NAME may appear, the
+    key never does."""
+    substitute = teacher["backend"] == "vllm"
+    tracker = Tracker(
+        folder,
+        f"{cfg['profile']}/teacher/{dataset}/e{expert}",
+        {"teacher": teacher, "dataset": dataset, "expert": expert},
+        experiment_settings(cfg),
+        tags={
+            "teacher_backend": teacher["backend"],
+            "teacher_model": str(teacher.get("model") or ""),
+            **({"deviation": "substitute teacher model (local vLLM), not the paper's"} if substitute else {}),
+        },
+    )
+    tracker.log(0, {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+    tracker.close()
+
+
+def log_report(cfg: dict[str, Any], folder: Path, written: list[Path]) -> None:
+    """The tables and figures as artifacts of one run per profile, found again by its key."""
+    tracker = Tracker(
+        folder, f"{cfg['profile']}/report", {"grid": cfg["grid"], "report": cfg["report"]}, experiment_settings(cfg)
+    )
+    for path in written:
+        tracker.log_artifact(path)
+    tracker.close()
+
+
+class Tracker:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cell_key: str,
+        params: dict[str, Any],
+        mlflow_settings: dict[str, Any] | None = None,
+        resume_from_step: int = 0,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._keep_steps_before(resume_from_step)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._mlflow: Any = None
+        self.run_id: str | None = None
+        settings = mlflow_settings or {}
+        if settings.get("enabled"):
+            self._start_mlflow(cell_key, params, settings, tags or {})
+
+    def _keep_steps_before(self, step: int) -> None:
+        """On resume, drop the lines of steps after the checkpoint: they are about to be redone."""
+        atomic_write_text(
+            self.path, "".join(json.dumps(row) + "\n" for row in read_metrics(self.path) if row["step"] < step)
+        )
+
+    def _start_mlflow(
+        self, cell_key: str, params: dict[str, Any], settings: dict[str, Any], tags: dict[str, str]
+    ) -> None:
+        import mlflow
+
+        experiment_id = ensure_experiment(settings)
+        flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}
+        found = mlflow.search_runs(
+            [experiment_id],
+            filter_string=f"tags.cell_key = '{cell_key}'",
+            output_format="list",
+            max_results=1,
+        )
+        record = self.run_dir / "mlflow_run_id"
+        mine = record.read_text().strip() if record.is_file() else None
+        run_id = None
+        for old in found:
+            changed = any(old.data.params.get(k, v) != v for k, v in flat.items())
+            if old.info.run_id == mine and not changed:
+                run_id = old.info.run_id  # this folder's own run, resumed
+            else:  # a run this folder never wrote (results deleted) or of other values: keep it, aside
+                retire_run(settings, old.info.run_id, time.strftime("%Y%m%d-%H%M%S"))
+        if run_id is not None:
+            run = mlflow.start_run(run_id=run_id)
+        else:
+            run = mlflow.start_run(
+                experiment_id=experiment_id, run_name=cell_key.split("#")[0], tags={"cell_key": cell_key}
+            )
+        if tags:
+            mlflow.set_tags(tags)
+        # logged on every start (same key, same value is allowed), so a run that died before its
+        # params were written gets them on the re-run
+        for start in range(0, len(flat), 100):
+            mlflow.log_params(dict(list(flat.items())[start : start + 100]))
+        atomic_write_text(self.run_dir / "mlflow_run_id", run.info.run_id + "\n")
+        self.run_id = run.info.run_id
+        self._mlflow = mlflow
+        rows = read_metrics(self.path)
+        if rows:  # the kept steps MLflow lacks (killed after a checkpoint, before its commit)
+            client = mlflow.MlflowClient()
+            logged = {m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")}
+            for row in rows:
+                if row["step"] not in logged and "reward/mean" in row:
+                    mlflow.log_metrics({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {metric_name(k): float(v) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.flush()
+        self._pending.append((step, clean))
+
+    def commit(self) -> None:
+        """Send the steps logged since the last commit to MLflow: call it once their checkpoint exists."""
+        if self._mlflow is not None:
+            for step, clean in self._pending:
+                self._mlflow.log_metrics(clean, step=step)
+        self._pending = []
+
+    def log_artifact(self, path: str | Path) -> None:
+        if self._mlflow is not None:
+            self._mlflow.log_artifact(str(path))
+
+    def close(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED":
+            self.commit()
+        self._file.close()
+        if self._mlflow is not None:
+            self._mlflow.end_run(status=status)
+            self._mlflow = None

@@ -1,0 +1,78 @@
+"""What the data commands run (`meml toy-world`, `tiny-models`, `prepare`, `teach`): a config and a
+few names in; the data stage's function called with the config's settings."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from meml.core import tracking
+from meml.core.io import atomic_write_json
+from meml.core.records import Record, check_dataset_name, read_records, write_records
+from meml.data.experts import prompts_of
+
+
+def toy_world(cfg: dict[str, Any], out: str) -> list[dict[str, Any]]:
+    from meml.data.toy.world import build_world
+
+    sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
+    return build_world(out, cfg["seed"], sizes, len(prompts_of(cfg)), cfg["toy"]["gsm8k_max_ops"])  # type: ignore[arg-type]
+
+
+def tiny_models(cfg: dict[str, Any], root: str, out: str) -> dict[str, Path]:
+    """The tokenizer trained on the world's texts, and every tiny model the config names."""
+    from meml.data.tiny_models import build_tiny_models, toy_corpus
+    from meml.data.tiny_models import tiny_arch
+
+    corpus = toy_corpus(root, prompts_of(cfg), with_experts=cfg["world"] == "toy")
+    # tiny arch -> tokenizer style, of every tiny model in the config
+    styles = {arch: cfg["models"][m].get("tokenizer", "toy") for m in cfg["models"] if (arch := tiny_arch(cfg, m))}
+    return build_tiny_models(corpus, out, cfg["seed"], cfg["toy"]["vocab_size"], list(styles), styles)
+
+
+def prepare(cfg: dict[str, Any], dataset: str, out: str, local: str | None = None) -> dict[str, list[Record]]:
+    """A real data set (hub id or local folder) as prepared records; `data.<ds>.sizes` keeps the
+    first N of each split, with their real ids."""
+    from meml.data.loaders import load_real
+
+    check_dataset_name(dataset, "--dataset")
+    settings = dict(cfg["data"].get(dataset, {}))
+    if local:
+        settings["local"] = local
+    records = load_real(dataset, settings)
+    sizes = settings.get("sizes")
+    chosen = {}
+    for i, split in enumerate(("train", "test")):
+        chosen[split] = [r for r in records if r.split == split][: sizes[i] if sizes else None]
+        write_records(Path(out) / dataset / f"{split}.jsonl", chosen[split])
+    return chosen
+
+
+def teach(cfg: dict[str, Any], dataset: str, expert: int, root: Path) -> dict[str, Any]:
+    """Expert k's trajectories from its teacher (`teachers.e<k>`), in the real world below `root`."""
+    from meml.data.teachers import OpenAITeacher, build_expert, settings_for
+
+    settings = settings_for(cfg, expert)
+    with contextlib.ExitStack() as stack:
+        teacher, server = None, None
+        if settings.get("standin"):  # a local stand-in on 127.0.0.1 (config/real-smoke.yaml)
+            from meml.data.standin import StandinServer
+
+            server = StandinServer(read_records(root / "data" / dataset / "train.jsonl", dataset))
+            teacher = OpenAITeacher({**settings, "base_url": stack.enter_context(server)})
+        summary = build_expert(
+            root / "data" / dataset,
+            dataset,
+            expert,
+            settings,
+            root / "experts" / dataset,
+            root / "teacher_cache",
+            prompts_of(cfg),
+            teacher=teacher,
+        )
+        if server is not None:  # what the server answered, beside the stats it should match
+            atomic_write_json(root / "experts" / dataset / f"e{expert}.standin.json", server.answered)
+    if cfg["mlflow"]["enabled"]:
+        tracking.log_teacher(cfg, root / "teacher_runs" / dataset / f"e{expert}", dataset, expert, settings, summary)
+    return summary

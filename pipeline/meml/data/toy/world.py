@@ -1,0 +1,137 @@
+"""Build the toy world: raw files in the real data sets' formats, read back through the real
+loaders into prepared records, plus the three expert trajectory sets for the training split.
+
+Layout under `root`:
+    raw/<ds>/...                the synthetic "original" files (GSM8K jsonl, StrategyQA and MathQA json)
+    data/<ds>/{train,test}.jsonl prepared records (the one normalised format)
+    data/<ds>/difficulty.json    record id -> difficulty (number of reasoning steps, plus one for big numbers)
+    experts/<ds>/e{0,1,2}.jsonl  expert trajectories for the training questions (e3, e4 as well
+                                 when the world has 4 or 5 experts: toy/styles.py)
+
+Same seed, same sizes -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meml.core.io import DataError, atomic_write_json, atomic_write_jsonl, atomic_write_text
+from meml.core.records import DATASETS, Record, write_records
+from meml.data.experts import write_trajectories
+from meml.data.loaders import load_local
+from meml.data.toy import gsm8k as toy_gsm8k
+from meml.data.toy import mathqa as toy_mathqa
+from meml.data.toy import strategyqa as toy_strategyqa
+from meml.data.toy.styles import render_e3, render_e4
+
+Renderer = Callable[[Record], tuple[str, str, int]]  # record -> (E1, E2, difficulty)
+
+
+def _write_gsm8k(
+    raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int, max_ops: int | None = None
+) -> Renderer:
+    items = toy_gsm8k.generate(rng, n_train + n_test, max_ops)
+    atomic_write_jsonl(raw / "train.jsonl", [row for row, _ in items[:n_train]])
+    atomic_write_jsonl(raw / "test.jsonl", [row for row, _ in items[n_train:]])
+    by_text = {p.question: p for _, p in items}
+
+    def render(record: Record) -> tuple[str, str, int]:
+        p = by_text[record.question]
+        return toy_gsm8k.render_e1(p), toy_gsm8k.render_e2(p, style_rng), p.difficulty
+
+    return render
+
+
+def _write_strategyqa(raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int) -> Renderer:
+    items, kb = toy_strategyqa.generate(rng, n_train + n_test)
+    rows = [row for row, _ in items]
+    # Official layout: train.json + dev.json together are the labelled set; the loader splits it.
+    cut = len(rows) * 9 // 10
+    atomic_write_text(raw / "train.json", json.dumps(rows[:cut], indent=1) + "\n")
+    atomic_write_text(raw / "dev.json", json.dumps(rows[cut:], indent=1) + "\n")
+    atomic_write_json(raw / "knowledge_base.json", [vars(c) for c in kb])
+    by_text = {q.text: q for _, q in items}
+
+    def render(record: Record) -> tuple[str, str, int]:
+        q = by_text[record.question]
+        return toy_strategyqa.render_e1(q), toy_strategyqa.render_e2(q, style_rng), q.difficulty
+
+    return render
+
+
+def _write_mathqa(raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int) -> Renderer:
+    items = toy_mathqa.generate(rng, n_train + n_test)
+    atomic_write_text(raw / "train.json", json.dumps([it[0] for it in items[:n_train]], indent=4) + "\n")
+    atomic_write_text(raw / "test.json", json.dumps([it[0] for it in items[n_train:]], indent=4) + "\n")
+    by_text = {p.text: (p, options, correct) for _, p, options, correct in items}
+
+    def render(record: Record) -> tuple[str, str, int]:
+        p, options, correct = by_text[record.question]
+        return (
+            toy_mathqa.render_e1(p, options, correct),
+            toy_mathqa.render_e2(p, options, correct, style_rng),
+            p.difficulty,
+        )
+
+    return render
+
+
+WRITERS = {"gsm8k": _write_gsm8k, "strategyqa": _write_strategyqa, "mathqa": _write_mathqa}
+
+
+def build_dataset(
+    root: str | Path,
+    dataset: str,
+    seed: int,
+    n_train: int,
+    n_test: int,
+    n_experts: int = 3,
+    gsm8k_max_ops: int | None = None,
+) -> dict[str, Any]:
+    """Generate one toy data set and its expert trajectories; returns a small summary."""
+    root = Path(root)
+    rng = random.Random(f"toy-{seed}-{dataset}")
+    style_rng = random.Random(f"toy-{seed}-{dataset}-styles")
+    raw = root / "raw" / dataset
+    if dataset == "gsm8k":
+        render = _write_gsm8k(raw, rng, style_rng, n_train, n_test, gsm8k_max_ops)
+    else:
+        render = WRITERS[dataset](raw, rng, style_rng, n_train, n_test)
+    records = load_local(dataset, raw, strategyqa_test_size=n_test)
+    data = root / "data" / dataset
+    train = [r for r in records if r.split == "train"]
+    test = [r for r in records if r.split == "test"]
+    write_records(data / "train.jsonl", train)
+    write_records(data / "test.jsonl", test)
+    difficulty: dict[str, int] = {}
+    e1, e2 = [], []
+    for record in records:
+        text1, text2, level = render(record)
+        difficulty[record.id] = level
+        if record.split == "train":
+            e1.append((record, text1))
+            e2.append((record, text2))
+    atomic_write_json(data / "difficulty.json", difficulty)
+    experts = root / "experts" / dataset
+    write_trajectories(experts / "e0.jsonl", 0, [(r, r.rationale) for r in train], "dataset rationale")
+    write_trajectories(experts / "e1.jsonl", 1, e1, "toy generator, long chain (R1 style)")
+    write_trajectories(experts / "e2.jsonl", 2, e2, "toy generator, reflective (Doubao style)")
+    extra = {3: (render_e3, "numbered reference steps"), 4: (render_e4, "answer first, then the steps")}
+    if not 1 <= n_experts <= 5:
+        raise DataError(f"the toy world has 1 to 5 expert styles, not {n_experts}", None, None, "experts.count")
+    for k in range(3, n_experts):
+        render_k, source = extra[k]
+        write_trajectories(experts / f"e{k}.jsonl", k, [(r, render_k(r)) for r in train], f"toy generator, {source}")
+    for k in range(max(n_experts, 3), 5):
+        (experts / f"e{k}.jsonl").unlink(missing_ok=True)  # a smaller world must not keep a bigger one's files
+    return {"dataset": dataset, "train": len(train), "test": len(test)}
+
+
+def build_world(
+    root: str | Path, seed: int, sizes: dict[str, tuple[int, int]], n_experts: int = 3, gsm8k_max_ops: int | None = None
+) -> list[dict[str, Any]]:
+    return [build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops) for ds in DATASETS if ds in sizes]

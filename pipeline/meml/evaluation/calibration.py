@@ -1,0 +1,155 @@
+"""The calibration gate: is an MEF model in the regime the paper is about, before RL spends time on it?
+
+Measured on one SFT model (one model, data set and SFT variant), under each of its experts' prompts:
+    rollout_success[e]  share of correct samples on training questions, at RL's temperature and
+                        length cap (GRPO starves near 0 and has nothing to learn near 1)
+    finished[e]         share of those samples that ended within the cap (a cut answer scores 0)
+    greedy_accuracy     the headline expert's greedy accuracy on test questions (evaluation's reading)
+    answer_balance      the largest answer class's share of the test split (StrategyQA: a constant
+                        answer scores it; MathQA: a constant letter does), for the chance level
+Each value is checked against `calibration.ranges`; outside, `calibration.gate: stop` ends the
+workflow before RL with a message naming the value, its range and the settings that move it, and
+`warn` records it for the report.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from meml.core.answers import is_correct
+from meml.core.io import DataError, atomic_write_json
+from meml.core.precision import Precision, resolve
+from meml.core.records import read_records
+from meml.data.experts import chat_messages
+from meml.training.rollout import HFEngine, Sampling, prompt_ids
+
+# the settings that move each measurement, named in the gate's message
+MOVED_BY = {
+    "rollout_success": "sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
+    "greedy_accuracy": "sft.epochs, sft.lr, toy.sizes (more SFT data)",
+    "finished": "rl_by_dataset.<ds>.max_new_tokens (or rl.max_new_tokens), sft.epochs",
+}
+
+
+class CalibrationError(DataError):
+    """An MEF model outside the informative range, with the gate set to stop."""
+
+
+def _sample(engine: HFEngine, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
+            sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, float]]:  # fmt: skip
+    """expert -> (share correct, share finished) of n samples per record under that expert's prompt;
+    every expert's prompts go through the engine together (fewer, fuller batches)."""
+    asked = [(k, r) for k in experts for r in records]
+    outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
+    tally = {k: [0, 0, 0] for k in experts}  # correct, finished, total
+    for (k, record), samples in zip(asked, outs, strict=True):
+        for c in samples:
+            tally[k][0] += is_correct(c.text, record.dataset, record.answer, mode, record.options)
+            tally[k][1] += c.finished
+            tally[k][2] += 1
+    return {k: (correct / total, finished / total) for k, (correct, finished, total) in tally.items()}
+
+
+def answer_balance(answers: Sequence[str]) -> dict[str, Any]:
+    counts = Counter(a.strip().lower() for a in answers)
+    top, n = counts.most_common(1)[0]
+    return {"largest_class": top, "largest_share": round(n / len(answers), 4), "classes": len(counts)}
+
+
+def measure(
+    model_dir: str | Path,
+    data_root: str | Path,
+    dataset: str,
+    experts: Sequence[int],
+    headline: int,
+    sampling: Sampling,
+    *,
+    train_questions: int,
+    samples: int,
+    test_questions: int | None,
+    prompts: Sequence[str],
+    mode: str,
+    seed: int,
+    precision: Precision | None = None,
+) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    precision = precision or resolve("cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.to(torch.device(precision.device))  # the GPU, on a GPU grid
+    engine = HFEngine(model, tokenizer, precision=precision)
+    train = read_records(Path(data_root) / dataset / "train.jsonl")[:train_questions]
+    test = read_records(Path(data_root) / dataset / "test.jsonl")
+    out: dict[str, Any] = {
+        "model": str(model_dir),
+        "dataset": dataset,
+        "train_questions": len(train),
+        "samples": samples,
+        "temperature": sampling.temperature,
+        "max_new_tokens": sampling.max_new_tokens,
+        "rollout_success": {},
+        "finished": {},
+    }
+    for k, (success, finished) in _sample(engine, tokenizer, train, experts, samples, sampling, prompts, mode).items():
+        out["rollout_success"][f"e{k}"], out["finished"][f"e{k}"] = round(success, 4), round(finished, 4)
+    greedy = Sampling(sampling.max_new_tokens, greedy=True)
+    shown = test[: test_questions or None]
+    accuracy, greedy_finished = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
+    out["greedy"] = {"expert": headline, "questions": len(shown), "accuracy": round(accuracy, 4),
+                     "finished": round(greedy_finished, 4)}  # fmt: skip
+    out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None
+    return out
+
+
+LABELS = {"rollout_success": "rollout success", "finished": "finished share", "greedy_accuracy": "greedy accuracy"}
+
+
+def out_of_range(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[tuple[str, str, float]]:
+    """(measurement, expert e.g. "e1", value) of every value outside its range, in a fixed order."""
+    greedy = result["greedy"]
+    measured = [
+        ("rollout_success", result["rollout_success"]),
+        ("finished", result["finished"]),
+        ("greedy_accuracy", {f"e{greedy['expert']}": greedy["accuracy"]}),
+    ]
+    return [
+        (key, expert, value)
+        for key, values in measured
+        for expert, value in values.items()
+        if not ranges[key][0] <= value <= ranges[key][1]
+    ]
+
+
+def check(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[str]:
+    """One line per value outside its range: the value, the range, the settings that move it."""
+    return [
+        f"expert {expert[1:]}'s {LABELS[key]} {value:.2f} is outside calibration.ranges.{key} "
+        f"[{ranges[key][0]}, {ranges[key][1]}]; change {MOVED_BY[key].replace('<ds>', result['dataset'])}"
+        for key, expert, value in out_of_range(result, ranges)
+    ]
+
+
+def calibrate(
+    out_json: str | Path, gate: str, ranges: dict[str, list[float]], where: str, **kwargs: Any
+) -> dict[str, Any]:
+    """Measure, check, write the JSON (with the problems found); with gate "stop", raise after writing
+    a `.failed` note beside it, which the workflow prints when it stops."""
+    result = measure(**kwargs)
+    result["ranges"] = ranges
+    result["problems"] = check(result, ranges)
+    result["in_range"] = not result["problems"]
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    failed = Path(out_json).with_suffix(".failed")
+    failed.unlink(missing_ok=True)
+    if result["problems"] and gate == "stop":
+        text = f"calibration of {where} (calibration.gate: stop):\n" + "\n".join(f"  {p}" for p in result["problems"])
+        failed.write_text(text + "\n", encoding="utf-8")
+        raise CalibrationError(text)
+    atomic_write_json(out_json, result)
+    return result

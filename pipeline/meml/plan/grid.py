@@ -1,0 +1,336 @@
+"""The experiment grid: models x data sets x methods x seeds, read from the config.
+
+Snakemake (the Snakefile) and the CLI both ask this module what the cells are, where their files
+go and which values define them, so the two can never disagree. `check` runs the checks that the
+JSON schema cannot express (a grid entry naming an unknown method, an expert without a prompt)
+and names the offending key, before any job starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from meml.core.io import DataError
+from meml.data.tiny_models import folder_name, tiny_arch
+
+TABLES = ("main", "ablation", "vote", "curves")
+EXTRA_TABLES = ("gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One RL run: a model trained on a data set with a method and a seed."""
+
+    model: str
+    dataset: str
+    method: str
+    seed: int
+
+    @property
+    def path(self) -> str:
+        """The cell's folder below results/<profile>/rl/ (and its eval file's stem below eval/)."""
+        return f"{self.model}/{self.dataset}/{self.method}/seed{self.seed}"
+
+
+def rollouts_per_expert(group_size: int, n_experts: int, spread: str, method: str = "<method>") -> list[int]:
+    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each.
+    A split that leaves an expert one rollout is refused: a subgroup of one always has advantage 0,
+    so that expert would get no GRPO gradient at all (8 over 5 experts is 2/2/2/1/1)."""
+    if spread == "per_expert":
+        counts = [group_size] * n_experts
+    elif spread == "split":
+        counts = [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
+    else:
+        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert", None, None, "rl.spread")
+    if min(counts) < 2:
+        raise DataError(
+            f"rl.group_size {group_size} split among {n_experts} experts gives rollouts {counts}: an expert with "
+            f"fewer than 2 rollouts never gets an advantage; raise rl.group_size to {2 * n_experts} or more, "
+            f"set rl.spread: per_expert, or use fewer methods.{method}.rl_experts",
+            None,
+            None,
+            "rl.group_size",
+        )
+    return counts
+
+
+def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
+    """The name of an SFT run by the experts whose trajectories it trains on: e0-e1-e2."""
+    return "-".join(f"e{k}" for k in sorted(experts))
+
+
+def models(cfg: dict[str, Any]) -> list[str]:
+    return list(cfg["grid"]["models"] or cfg["models"])
+
+
+def methods(cfg: dict[str, Any]) -> list[str]:
+    return list(cfg["grid"]["methods"] or cfg["methods"])
+
+
+def extra_models(cfg: dict[str, Any]) -> list[str]:
+    return list(cfg["extras"]["models"] or models(cfg))
+
+
+def used_methods(cfg: dict[str, Any]) -> list[str]:
+    """The grid's methods, then the extras' (each once), in that order."""
+    return list(dict.fromkeys([*methods(cfg), *cfg["extras"]["methods"]]))
+
+
+def cells(cfg: dict[str, Any]) -> list[Cell]:
+    """The grid's cells, then the extras' cells (extras.models x extras.datasets x extras.methods)."""
+    main = [
+        Cell(m, ds, method, seed)
+        for m in models(cfg)
+        for ds in cfg["grid"]["datasets"]
+        for method in methods(cfg)
+        for seed in cfg["grid"]["seeds"]
+    ]
+    extra = [
+        Cell(m, ds, method, seed)
+        for m in extra_models(cfg)
+        for ds in cfg["extras"]["datasets"]
+        for method in cfg["extras"]["methods"]
+        for seed in cfg["grid"]["seeds"]
+    ]
+    return list(dict.fromkeys([*main, *extra]))
+
+
+def eval_experts(cfg: dict[str, Any], method: str) -> list[int]:
+    switches = cfg["methods"][method]
+    return sorted(switches.get("eval_experts") or switches["rl_experts"])
+
+
+def tables_of(cfg: dict[str, Any], method: str) -> list[str]:
+    return list(cfg["methods"][method].get("tables") or ["main"])
+
+
+PAPER_EXPERTS = (0, 1, 2)
+
+
+def complementarity_sft_variants(cfg: dict[str, Any]) -> list[str]:
+    """The SFT runs the complementarity analysis samples: the MEF model (`source: mef`, one run for
+    the three experts) or one single-expert model per expert (`single_expert`)."""
+    if cfg["analysis"]["complementarity"]["source"] == "single_expert":
+        return [sft_variant([k]) for k in PAPER_EXPERTS]
+    return [sft_variant(PAPER_EXPERTS)]
+
+
+def sft_variants(cfg: dict[str, Any]) -> list[str]:
+    """The SFT runs the grid's methods and the complementarity analysis need (shared where the data is)."""
+    needed = {sft_variant(cfg["methods"][m]["sft_experts"]) for m in used_methods(cfg)}
+    return sorted(needed | set(complementarity_sft_variants(cfg)))
+
+
+def calibrated(cfg: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(model, data set, SFT variant) of every MEF model some cell starts RL from: the gate's list."""
+    return sorted({(c.model, c.dataset, sft_variant(cfg["methods"][c.method]["sft_experts"])) for c in cells(cfg)})
+
+
+def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
+    """The folder below results/<profile>/models/ of a tiny model (its arch, plus its tokenizer
+    style unless toy: `qwen2`, `llama-llama-instruct`); None for a hub id or folder."""
+
+    arch = tiny_arch(cfg, model)
+    return folder_name(arch, cfg["models"][model].get("tokenizer", "toy")) if arch else None
+
+
+def complementarity_models(cfg: dict[str, Any]) -> list[str]:
+    chosen = cfg["analysis"]["complementarity"]["models"]
+    return [m for m in models(cfg) if chosen is None or m in chosen]
+
+
+def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> dict[str, Any]:
+    """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
+    entry, then the method's own `rl` overrides, each laid over the one before."""
+    from meml.core.config import deep_merge
+
+    return deep_merge(deep_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})
+
+
+def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """Every value that defines an RL cell's result. Snakemake reruns a cell when these change."""
+    return {
+        "world": cfg["world"],
+        "model": cell.model,
+        "model_source": cfg["models"][cell.model]["source"],
+        "dataset": cell.dataset,
+        "method": cell.method,
+        "switches": switches(cfg, cell.method),
+        "seed": cell.seed,
+        "rl": method_rl(cfg, cell.method, cell.dataset),
+        "sft": cfg["sft"],
+        "reward": cfg["reward"],
+        "prompts": cfg["experts"].get("prompts"),
+    }
+
+
+def switches(cfg: dict[str, Any], method: str) -> dict[str, Any]:
+    """A method's entry without `tables`: where a method is shown does not change its result."""
+    return {k: v for k, v in cfg["methods"][method].items() if k != "tables"}
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
+    """The MLflow tag that finds a cell's run again: readable path plus a hash of its values,
+    so a re-run with the same values reuses the run and changed values get a run of their own."""
+    return f"{cfg['profile']}/{cell.path}#{params_hash(cell_params(cfg, cell))}"
+
+
+def check(cfg: dict[str, Any], n_prompts: int) -> None:
+    """Checks across keys that the JSON schema cannot express; each error names its key."""
+    for section in ("grid", "extras"):
+        for i, name in enumerate(cfg[section]["methods"] or []):
+            if name not in cfg["methods"]:
+                known = ", ".join(cfg["methods"])
+                raise DataError(f"unknown method '{name}'; known: {known}", None, None, f"{section}.methods[{i}]")
+    for i, name in enumerate(cfg["extras"]["models"] or []):
+        if name not in models(cfg):
+            raise DataError(f"'{name}' is not one of the grid's models", None, None, f"extras.models[{i}]")
+    for i, name in enumerate(cfg["extras"]["datasets"]):
+        if cfg["extras"]["methods"] and name not in cfg["grid"]["datasets"]:
+            # the extra tables compare with the grid's methods on the same data sets
+            raise DataError(f"'{name}' is not one of grid.datasets", None, None, f"extras.datasets[{i}]")
+    for i, name in enumerate(cfg["grid"]["models"] or []):
+        if name not in cfg["models"]:
+            known = ", ".join(cfg["models"])
+            raise DataError(f"unknown model '{name}'; known: {known}", None, None, f"grid.models[{i}]")
+    for i, name in enumerate(cfg["analysis"]["complementarity"]["models"] or []):
+        if name not in cfg["models"]:
+            raise DataError(f"unknown model '{name}'", None, None, f"analysis.complementarity.models[{i}]")
+    styles: dict[str, str] = {}
+    for name, model in cfg["models"].items():
+        arch = tiny_arch(cfg, name)
+        if arch and styles.setdefault(arch, model.get("tokenizer", "toy")) != model.get("tokenizer", "toy"):
+            raise DataError(
+                f"two tiny {arch} models with different tokenizer styles are not supported; use one style per arch",
+                None,
+                None,
+                f"models.{name}.tokenizer",
+            )
+    for name, model in cfg["models"].items():
+        source = str(model["source"])
+        if source.startswith("tiny:") and source not in ("tiny:qwen2", "tiny:llama"):
+            raise DataError(
+                f"unknown tiny model '{source}'; known: tiny:qwen2, tiny:llama", None, None, f"models.{name}.source"
+            )
+        if cfg["world"] == "toy" and not source.startswith("tiny:"):
+            raise DataError(
+                "the toy world trains tiny models only (source: tiny:qwen2 or tiny:llama)",
+                None,
+                None,
+                f"models.{name}.source",
+            )
+    if cfg["world"] == "real":
+        from meml.data.teachers import settings_for
+
+        for k in range(1, n_prompts):
+            teacher = settings_for(cfg, k)  # every expert above 0 needs a teacher
+            writes = teacher["backend"] != "jsonl" and int(teacher.get("max_tokens") or 0)
+            if writes and writes > int(cfg["sft"]["max_length"]):
+                raise DataError(
+                    f"a teacher may write {teacher['max_tokens']} tokens but SFT keeps {cfg['sft']['max_length']} "
+                    "(sft.max_length): the longest trajectories would lose their answer line",
+                    None,
+                    None,
+                    f"teachers.e{k}.max_tokens",
+                )
+    _check_rl_by_dataset(cfg)
+    check_lengths(cfg)
+    for name in used_methods(cfg):
+        check_method(cfg, name, n_prompts)
+
+
+def check_lengths(cfg: dict[str, Any]) -> None:
+    """Evaluation must let an answer run as long as RL does, on every data set."""
+    cap = cfg["eval"]["max_new_tokens"]
+    for ds in [None, *cfg["grid"]["datasets"]]:
+        rl_cap = int(deep_rl(cfg, ds)["max_new_tokens"])
+        if cap is not None and int(cap) < rl_cap:
+            raise DataError(
+                f"evaluation stops at {cap} tokens but RL{f' on {ds}' if ds else ''} samples {rl_cap}: "
+                "answers the model learnt to write would be cut at evaluation",
+                None,
+                None,
+                "eval.max_new_tokens",
+            )
+
+
+def eval_max_new_tokens(cfg: dict[str, Any], dataset: str) -> int:
+    """Evaluation's length cap on a data set: `eval.max_new_tokens`, or (null) the data set's RL cap,
+    so an answer may run at evaluation exactly as long as it could in training."""
+    return int(cfg["eval"]["max_new_tokens"] or deep_rl(cfg, dataset)["max_new_tokens"])
+
+
+def deep_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
+    from meml.core.config import deep_merge
+
+    return deep_merge(cfg["rl"], ((cfg.get("rl_by_dataset") or {}).get(dataset) or {}) if dataset else {})
+
+
+def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
+    """The checks of one method's entry (the CLI runs these for the method it is asked to run)."""
+    headline = cfg["report"]["headline_expert"]
+    entry = cfg["methods"][name]
+    for key in ("sft_experts", "rl_experts", "eval_experts"):
+        bad = [k for k in entry.get(key) or [] if k >= n_prompts]
+        if bad:
+            raise DataError(
+                f"expert(s) {bad} are not in this world (experts 0..{n_prompts - 1}; see experts.count)",
+                None,
+                None,
+                f"methods.{name}.{key}",
+            )
+    _check_rl_override(cfg, name)
+    for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
+        rl = method_rl(cfg, name, dataset)
+        rollouts_per_expert(int(rl["group_size"]), len(entry["rl_experts"]), rl["spread"], name)
+        if rl.get("engine") == "vllm" and cfg["device"] != "cuda":
+            raise DataError(
+                "the vLLM engine runs on a GPU only: set device: cuda, or rl.engine: hf", None, None, "rl.engine"
+            )
+    if set(tables_of(cfg, name)) & {"main", "ablation", *EXTRA_TABLES} and headline not in eval_experts(cfg, name):
+        raise DataError(
+            f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",
+            None,
+            None,
+            f"methods.{name}.eval_experts",
+        )
+    if "vote" in tables_of(cfg, name) and len(eval_experts(cfg, name)) < 2:
+        raise DataError(
+            "a majority vote needs two or more evaluated experts", None, None, f"methods.{name}.eval_experts"
+        )
+
+
+def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
+    """A method's `rl` overrides, merged into `rl`, must pass the schema of `rl` itself."""
+    import jsonschema
+
+    from meml.core.config import schema as config_schema
+
+    if not cfg["methods"][name].get("rl"):
+        return
+    schema = config_schema()["properties"]["rl"]
+    for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name)):
+        key = ".".join([f"methods.{name}.rl", *(str(p) for p in err.path)])
+        raise DataError(f"invalid RL override: {err.message}", None, None, key)
+
+
+def _check_rl_by_dataset(cfg: dict[str, Any]) -> None:
+    """Each data set's `rl_by_dataset` entry, merged into `rl`, must pass the schema of `rl` itself
+    (checked once here, not again for every method)."""
+    import jsonschema
+
+    from meml.core.config import schema as config_schema
+
+    schema = config_schema()["properties"]["rl"]
+    for dataset in cfg.get("rl_by_dataset") or {}:
+        for err in jsonschema.Draft202012Validator(schema).iter_errors(deep_rl(cfg, dataset)):
+            key = ".".join([f"rl_by_dataset.{dataset}", *(str(p) for p in err.path)])
+            raise DataError(f"invalid RL setting: {err.message}", None, None, key)

@@ -1,0 +1,91 @@
+"""Where every file of a profile lives: the one place in the package that spells the results layout
+(the Snakemake rules spell the same paths as their inputs and outputs).
+
+    results/<profile>/
+        <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
+        <world>/experts/<ds>/e<k>.jsonl           expert trajectories
+        models/<name>/                            tiny models (toy world and real-smoke)
+        sft/<model>/<ds>/<variant>/{model,DONE}   MEF runs (variant: the experts, e.g. e0-e1-e2)
+        calibration/<model>/<ds>/<variant>.json   the gate's measurements
+        rl/<model>/<ds>/<method>/seed<k>/         RL runs (metrics.jsonl, model/, DONE)
+        eval/<model>/<ds>/<method>/seed<k>.json   evaluations, every response kept
+        analysis/complementarity/<model>_<ds>.*   the complementarity analysis
+        mlflow_experiment.json, report_run/       the MLflow experiment; the report's run
+        cost_throughput.json                      `meml cost --measure`'s timed steps
+    report/<profile>/{index.md,tables,figures}    what the report writes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meml.core.io import DataError
+from meml.plan.grid import Cell, tiny_folder
+
+RESULTS = Path("results")  # relative to the folder Snakemake runs in
+AGREEMENT = RESULTS / "agreement"  # `meml agreement`: the checker against the real rationales
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path  # results/<profile>
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any], results: str | Path | None = None) -> Layout:
+        return cls(Path(results) if results else RESULTS / cfg["profile"])
+
+    def world(self, world: str) -> Path:
+        return self.root / world
+
+    def data(self, world: str, dataset: str) -> Path:
+        return self.root / world / "data" / dataset
+
+    def experts(self, world: str, dataset: str) -> Path:
+        return self.root / world / "experts" / dataset
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    def base_model(self, cfg: dict[str, Any], model: str) -> Path | str:
+        """A tiny model's folder, or the hub id / folder of a real one."""
+        if model not in cfg["models"]:
+            raise DataError(f"unknown model '{model}'; known: {', '.join(cfg['models'])}", None, None, "models")
+        folder = tiny_folder(cfg, model)
+        return self.models / folder if folder else str(cfg["models"][model]["source"])
+
+    def sft(self, model: str, dataset: str, variant: str) -> Path:
+        return self.root / "sft" / model / dataset / variant
+
+    def calibration(self, model: str, dataset: str, variant: str) -> Path:
+        return self.root / "calibration" / model / dataset / f"{variant}.json"
+
+    def rl(self, cell: Cell) -> Path:
+        return self.root / "rl" / cell.path
+
+    def eval(self, cell: Cell) -> Path:
+        return self.root / "eval" / f"{cell.path}.json"
+
+    def complementarity(self, model: str, dataset: str, ext: str = "json") -> Path:
+        """The analysis's .json, .png or .pdf (beside each other)."""
+        return self.root / "analysis" / "complementarity" / f"{model}_{dataset}.{ext}"
+
+    @property
+    def mlflow_marker(self) -> Path:
+        return self.root / "mlflow_experiment.json"
+
+    @property
+    def report_run(self) -> Path:
+        return self.root / "report_run"
+
+
+def report_dir(cfg: dict[str, Any]) -> Path:
+    return Path("report") / cfg["profile"]
+
+
+def default_data_root(world: str) -> str:
+    """The prepared data an lm-eval task reads when no data_root is passed: the default profile of
+    each world (toy, and paper for the real world)."""
+    return str(Layout(RESULTS / ("toy" if world == "toy" else "paper")).data(world, "")).rstrip("/")

@@ -1,0 +1,46 @@
+"""The few lines a run ends with: where the report is, how to open it and MLflow, and the
+summary's first verdict, so that a user never has to look for the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from meml.core.tracking import grouped_view_url
+from meml.plan.layout import Layout, report_dir
+
+
+def headline(index: Path) -> str | None:
+    """The first claim line of the report's written summary ("What the numbers say")."""
+    if not index.is_file():
+        return None
+    lines = index.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## What the numbers say")), None)
+    if start is None:
+        return None
+    return next((line[2:] for line in lines[start:] if line.startswith("- ")), None)
+
+
+def message(cfg: dict[str, Any]) -> str:
+    profile = cfg["profile"]
+    index = report_dir(cfg) / "index.md"
+    lines = [
+        "",
+        f"Done. Report: {index} (tables in report/{profile}/tables, figures in report/{profile}/figures)",
+        "  HTML report:  .venv/bin/snakemake --report report/report.html"
+        + ("" if profile == "toy" else " --configfile <your config>"),
+    ]
+    if cfg["mlflow"]["enabled"]:
+        lines.append(
+            f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {cfg['mlflow']['tracking_uri']} "
+            f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
+        )
+        marker = Layout.of(cfg).mlflow_marker  # written by the mlflow_store rule
+        if marker.is_file() and json.loads(marker.read_text()).get("experiment_id"):
+            url = grouped_view_url(json.loads(marker.read_text())["experiment_id"])
+            lines.append(f"                then open {url} (the runs grouped by method)")
+    first = headline(index)
+    if first:
+        lines.append(f"  Summary:      {first}")
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""The paper's tables and figures, built from result files (never from the MLflow database).
+
+Reads, for the grid in the config:
+    results/<profile>/eval/<model>/<ds>/<method>/seed<k>.json          evaluation per cell
+    results/<profile>/rl/<model>/<ds>/<method>/seed<k>/metrics.jsonl   training reward per step
+    results/<profile>/analysis/complementarity/<model>_<ds>.{json,png,pdf}
+and writes report/<profile>/{tables/<name>.{md,tex}, figures/*.{png,pdf}, index.md}.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meml.core.io import DataError, atomic_write_text
+from meml.data.experts import prompts_of
+from meml.plan import grid
+from meml.plan.layout import Layout
+from meml.reporting import extras, summary
+from meml.reporting.analysis_tables import (
+    calibration_table,
+    calibration_warnings,
+    complementarity_table,
+    sparsity_table,
+    teachers_table,
+)
+from meml.reporting.figures import reward_curves, sparsity_dashboard
+from meml.reporting.paper_tables import ablation_table, main_table, vote_table
+from meml.reporting.results import Results
+from meml.reporting.tables import (
+    MISSING,
+    TOY_NOTE,
+    Table,
+    to_latex,
+    to_markdown,
+)
+
+
+def build(
+    cfg: dict[str, Any], results_root: str | Path, out_root: str | Path, reference_path: str | Path
+) -> list[Path]:
+    """Every table and figure, then an index page linking them. Returns the files written."""
+    root, out = Path(results_root), Path(out_root)
+    ref_file = Path(reference_path)
+    if not ref_file.is_file():
+        raise DataError("paper reference file not found", ref_file, None, "report.reference")
+    reference = yaml.safe_load(ref_file.read_text()) or {}
+    results = Results(cfg, root)
+    tables_dir, figures_dir = out / "tables", out / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    tables = [
+        main_table(cfg, results, reference),
+        ablation_table(cfg, results, reference),
+        vote_table(cfg, results),
+        complementarity_table(cfg, root, reference),
+        sparsity_table(cfg, results),
+        calibration_table(cfg, root),
+    ]
+    if cfg["world"] == "real":
+        tables.append(teachers_table(cfg, root, len(prompts_of(cfg))))
+    if cfg["extras"]["methods"]:
+        tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
+    written: list[Path] = []
+    for table in tables:
+        for ext, render in (("md", to_markdown), ("tex", to_latex)):
+            path = tables_dir / f"{table.name}.{ext}"
+            atomic_write_text(path, render(table))
+            written.append(path)
+    written += reward_curves(cfg, results, figures_dir)
+    written += sparsity_dashboard(cfg, results, figures_dir)
+    for model in grid.complementarity_models(cfg):
+        for ds in cfg["grid"]["datasets"]:
+            for ext in ("png", "pdf"):
+                source = Layout(root).complementarity(model, ds, ext)
+                target = figures_dir / f"complementarity_{model}_{ds}.{ext}"
+                shutil.copyfile(source, target)
+                written.append(target)
+    index = out / "index.md"
+    lines = summary.render(cfg, results, root, reference)
+    warnings = calibration_warnings(cfg, root)
+    if warnings:  # the gate was set to warn: say which models are outside the informative range
+        lines += [
+            "",
+            "Calibration warnings: these MEF models are outside the informative range (in %; the calibration "
+            "table; sft.epochs, sft.lr and toy.sizes move accuracy, rl_by_dataset.<ds>.max_new_tokens the finished "
+            "share):",
+        ]
+        lines += warnings
+    atomic_write_text(index, index_page(cfg, tables, written, out, lines))
+    written.append(index)
+    return written
+
+
+def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out: Path, summary: list[str]) -> str:
+    lines = [f"# MEML-GRPO reproduction: profile `{cfg['profile']}`", ""]
+    if cfg["world"] == "toy":
+        lines += [f"> {TOY_NOTE}", ""]
+    lines += ["## What the numbers say", "", *summary, ""]
+    lines += ["## Tables", ""]
+    for t in tables:
+        lines.append(f"- {t.title}: [Markdown](tables/{t.name}.md), [LaTeX](tables/{t.name}.tex)")
+    lines += ["", "## Figures", ""]
+    for path in files:
+        if path.suffix == ".png":
+            rel = path.relative_to(out).as_posix()
+            lines += [f"![{path.stem}]({rel}) ([PDF]({rel[:-4]}.pdf))", ""]
+    lines += ["", "## Tables in full", ""]
+    for t in tables:
+        lines += [to_markdown(t), ""]
+    experiment = cfg["mlflow"]["experiment"] or cfg["profile"]  # as the CLI names it
+    lines += [
+        f"Every cell is an MLflow run in experiment `{experiment}` (store `{cfg['mlflow']['tracking_uri']}`), "
+        "tagged `cell_key` = `<profile>/<model>/<dataset>/<method>/seed<k>#<hash of its values>`.",
+        "",
+    ]
+    if MISSING in "".join(to_markdown(t) for t in tables):
+        lines.append(f"{MISSING}: no value (the paper reports none, or the cell was not evaluated).")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(cfg: dict[str, Any], results: str | None = None, out: str | None = None) -> tuple[list[Path], Path]:
+    """`meml report`: build the report of a profile from its result files, and (mlflow.enabled) log
+    the tables and figures to the profile's report run."""
+    from meml.core.config import PROJECT_ROOT
+    from meml.core.tracking import log_report
+    from meml.plan.layout import report_dir
+
+    layout = Layout.of(cfg, results)
+    folder = Path(out) if out else report_dir(cfg)
+    reference = Path(cfg["report"]["reference"])
+    if not reference.is_absolute() and not reference.is_file():
+        reference = PROJECT_ROOT / reference
+    written = build(cfg, layout.root, folder, reference)
+    if cfg["mlflow"]["enabled"]:
+        log_report(cfg, layout.report_run, written)
+    return written, folder

@@ -1,0 +1,227 @@
+"""GPU-hours of every cell of the grid, known before it runs.
+
+Work, counted from the config (tokens are the unit):
+    SFT, per (model, data set, SFT variant): train questions x experts x epochs x sft_tokens
+    RL, per cell: steps x Q x rollouts per question (G shared, or G per expert)
+        generated = rollouts x completion tokens (fill x rl.max_new_tokens)
+        trained   = rollouts x (prompt + completion tokens) x updates_per_batch, plus a third of that
+                    for the reference forward (beta > 0) and a quarter for IML's extra passes
+                    (at most one pair of passes a question: 2 / G of the rollouts at G = 8)
+        dynamic sampling counts its largest number of rounds (an upper bound)
+    evaluation, per cell: test questions x evaluated experts x completion tokens (greedy)
+    complementarity, per (model, data set): questions x 3 experts x samples x completion tokens
+Time = generated / generation tokens per second + trained / training tokens per second, with the
+throughputs measured on this machine by a few RL steps on a random-weight model of the same
+architecture (`meml cost --measure`, probe.py), or the assumed H100 figures below.
+This module imports no torch: the Snakefile prints the estimate on every (dry) run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meml.core.io import DataError, atomic_write_json
+
+# Train / test questions of the real data sets as our loaders split them (README, data sets).
+REAL_SIZES = {"gsm8k": (7473, 1319), "strategyqa": (1602, 687), "mathqa": (29837, 2985)}
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    prompt_tokens: int = 200  # a question with its system prompt
+    fill: float = 0.6  # completions use this share of max_new_tokens on average
+    sft_tokens: int = 900  # one teacher trajectory with its prompt (R1-style chains are long)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens per second on one GPU (or this machine): sampling, training (forward + backward)."""
+
+    source: str
+    generate: float
+    train: float
+    notes: list[str] = field(default_factory=list)
+
+
+def assumed_h100(model_source: str, engine: str) -> Throughput:
+    """Assumed one-H100 (80 GB, bf16) throughputs; every number is a stated guess, not a measurement.
+
+    training: 8 N FLOPs a token (forward, backward, and the recomputation of gradient
+    checkpointing) at 40% of the H100's 989 dense bf16 TFLOP/s -> 1.5B: 32k tokens/s, 1.2B: 40k.
+    sampling: HF generate with batches of 256, 1024 new tokens: about 4k tokens/s (no paged
+    attention, padded batches); vLLM: about 25k tokens/s for a model this size."""
+    params = {"Qwen/Qwen2.5-Math-1.5B": 1.54e9, "meta-llama/Llama-3.2-1B-Instruct": 1.24e9}.get(model_source, 1.5e9)
+    train = 0.4 * 989e12 / (8 * params)
+    generate = 25_000.0 if engine == "vllm" else 4_000.0
+    return Throughput(f"assumed H100 ({engine} engine)", generate, train, [assumed_h100.__doc__ or ""])
+
+
+def sizes(cfg: dict[str, Any], ds: str) -> tuple[int, int]:
+    if cfg["world"] == "toy":
+        train, test = cfg["toy"]["sizes"][ds]
+        return int(train), int(test)
+    return REAL_SIZES[ds]
+
+
+def rl_work(cfg: dict[str, Any], method: str, a: Assumptions, dataset: str | None = None) -> tuple[float, float]:
+    """(generated tokens, trained tokens) of one RL cell (on `dataset`: its rl_by_dataset settings,
+    and rl.epochs counted on its training size)."""
+    from meml.plan.grid import method_rl
+
+    s, sw = method_rl(cfg, method, dataset), cfg["methods"][method]
+    experts = len(sw["rl_experts"])
+    per_question = s["group_size"] * (experts if s["spread"] == "per_expert" else 1)
+    steps = s["steps"]
+    if s.get("epochs") is not None and dataset is not None:
+        steps = math.ceil(float(s["epochs"]) * sizes(cfg, dataset)[0] / s["questions_per_step"])
+    rollouts = steps * s["questions_per_step"] * per_question
+    completion = a.fill * s["max_new_tokens"]
+    generated = rollouts * completion * (1 + int(sw.get("dynamic_sampling") or 0))
+    passes = s["updates_per_batch"] + (1 / 3 if s["updates_per_batch"] > 1 else 0)
+    passes *= (1 + (1 / 3 if s["beta"] > 0 else 0)) * (1.25 if sw["iml"] else 1.0)
+    trained = rollouts * (a.prompt_tokens + completion) * passes
+    return generated, trained
+
+
+def eval_tokens(cfg: dict[str, Any], ds: str, method: str, a: Assumptions) -> float:
+    from meml.plan.grid import eval_experts, eval_max_new_tokens
+
+    test = sizes(cfg, ds)[1] if cfg["eval"]["questions"] is None else min(cfg["eval"]["questions"], sizes(cfg, ds)[1])
+    return test * len(eval_experts(cfg, method)) * a.fill * eval_max_new_tokens(cfg, ds)
+
+
+def estimate(
+    cfg: dict[str, Any], throughput: dict[str, Throughput], a: Assumptions | None = None
+) -> list[dict[str, Any]]:
+    """One row per job group: stage, model, data set, method, hours. `throughput` per grid model."""
+    from meml.plan.grid import cells, complementarity_models, sft_variant
+
+    a = a or Assumptions()
+    rows: list[dict[str, Any]] = []
+    for cell in cells(cfg):
+        t = throughput[cell.model]
+        generated, trained = rl_work(cfg, cell.method, a, cell.dataset)
+        evaluated = eval_tokens(cfg, cell.dataset, cell.method, a)
+        rows.append(
+            {
+                "stage": "rl+eval",
+                "model": cell.model,
+                "dataset": cell.dataset,
+                "method": cell.method,
+                "seed": cell.seed,
+                "hours": (generated / t.generate + trained / t.train + evaluated / t.generate) / 3600,
+            }
+        )
+    variants: dict[tuple[str, str, str], int] = {}
+    for cell in cells(cfg):
+        experts = cfg["methods"][cell.method]["sft_experts"]
+        variants[(cell.model, cell.dataset, sft_variant(experts))] = len(experts)
+    for (model, ds, variant), n_experts in sorted(variants.items()):
+        tokens = sizes(cfg, ds)[0] * n_experts * cfg["sft"]["epochs"] * a.sft_tokens
+        rows.append({"stage": "sft", "model": model, "dataset": ds, "method": variant, "seed": None,
+                     "hours": tokens / throughput[model].train / 3600})  # fmt: skip
+    settings = cfg["analysis"]["complementarity"]
+    for model in complementarity_models(cfg):
+        for ds in cfg["grid"]["datasets"]:
+            questions = settings["questions"] or sizes(cfg, ds)[1]
+            tokens = questions * 3 * settings["samples"] * a.fill * cfg["rl"]["max_new_tokens"]
+            rows.append({"stage": "complementarity", "model": model, "dataset": ds, "method": "-", "seed": None,
+                         "hours": tokens / throughput[model].generate / 3600})  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict[str, Any]], throughput: dict[str, Throughput]) -> str:
+    """Markdown: the RL+evaluation hours of each (model, data set, method) summed over seeds, then
+    SFT and complementarity, then totals per model and for the grid."""
+    lines = ["| stage | model | data set | method | GPU-hours |", "| --- | --- | --- | --- | ---: |"]
+    grouped: dict[tuple[str, str, str, str], float] = {}
+    for r in rows:
+        key = (r["stage"], r["model"], r["dataset"], r["method"])
+        grouped[key] = grouped.get(key, 0.0) + r["hours"]
+    for (stage, model, ds, method), hours in grouped.items():
+        lines.append(f"| {stage} | {model} | {ds} | {method} | {hours:.3g} |")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        total = sum(r["hours"] for r in rows if r["model"] == model)
+        lines.append(f"| **total** | {model} | | | **{total:.3g}** |")
+    lines.append(f"| **total** | grid | | | **{sum(r['hours'] for r in rows):.3g}** |")
+    sources = "; ".join(
+        f"{m}: {t.source}, {t.generate:,.0f} sampled and {t.train:,.0f} trained tokens/s" for m, t in throughput.items()
+    )
+    return "\n".join([*lines, "", f"Throughputs: {sources}."])
+
+
+def save_measured(path: Path, throughput: dict[str, Throughput]) -> None:
+    atomic_write_json(path, {m: asdict(t) for m, t in throughput.items()})
+
+
+def load_measured(path: Path) -> dict[str, Throughput]:
+    try:
+        data = json.loads(path.read_text())
+        return {m: Throughput(**t) for m, t in data.items()}
+    except (OSError, ValueError, TypeError) as err:
+        raise DataError(f"unreadable throughput file: {err}", path) from None
+
+
+def throughputs(cfg: dict[str, Any], measured: Path | None = None) -> dict[str, Throughput]:
+    """Measured throughputs when a file of them exists (for every grid model), else assumed H100."""
+    from meml.plan.grid import models
+
+    if measured is not None and measured.is_file():
+        found = load_measured(measured)
+        missing = [m for m in models(cfg) if m not in found]
+        if not missing:
+            return found
+    engine = cfg["rl"].get("engine", "hf")
+    return {m: assumed_h100(str(cfg["models"][m]["source"]), engine) for m in models(cfg)}
+
+
+def measure(cfg: dict[str, Any], work: Path, steps: int = 3) -> dict[str, Throughput]:
+    """Throughputs from `steps` MoE-SFT-GRPO steps per grid model (the first one is warm-up), on a
+    random-weight model of its architecture, at the config's RL settings and lengths. (GRPO's
+    plain passes: the estimate adds IML's and the reference model's on top.)"""
+    import platform
+
+    from meml.plan.grid import models
+    from meml.training.probe import architecture, build_probe, timed_steps
+
+    out: dict[str, Throughput] = {}
+    for model in models(cfg):
+        world, model_dir = build_probe(work / model, architecture(cfg, model), cfg["seed"])
+        run = timed_steps(cfg, "MoE-SFT-GRPO", world, model_dir, work / model / "rl", steps)
+        m = run["mean"]
+        rollouts = m["rollouts/sampled"]
+        generated = rollouts * m["completion/length_mean"]
+        trained = rollouts * (m["prompt/length_mean"] + m["completion/length_mean"])
+        training_seconds = max(m["perf/step_seconds"] - m["perf/rollout_seconds"], 1e-9)
+        where = _device_name(cfg["device"]) or platform.processor() or "this machine"
+        out[model] = Throughput(
+            f"measured on {where} ({steps} MoE-SFT-GRPO steps, random weights)",
+            generated / m["perf/rollout_seconds"],
+            trained / training_seconds,
+            [f"mean completion {m['completion/length_mean']:.0f} tokens, prompt {m['prompt/length_mean']:.0f}"],
+        )
+    return out
+
+
+def _device_name(device: str) -> str | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+
+
+def report(cfg: dict[str, Any], measured: Path, remeasure: bool = False, steps: int = 3) -> str:
+    """`meml cost`: the table of GPU-hours per cell, from the throughput measured here before (kept
+    in `measured`), measured now (`remeasure`: `steps` RL steps per model), or assumed."""
+    import tempfile
+
+    if remeasure:
+        with tempfile.TemporaryDirectory() as work:
+            save_measured(measured, measure(cfg, Path(work), steps))
+    speeds = throughputs(cfg, measured)
+    return table(estimate(cfg, speeds), speeds)

@@ -1,0 +1,101 @@
+"""What `meml sft` and `meml rl` run: a config and a cell's names in; the stage's function called
+with everything it needs from the config, the layout and the method's switches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from meml.core import tracking
+from meml.core.io import DataError
+from meml.core.precision import of_config
+from meml.core.records import check_dataset_name
+from meml.data.experts import prompts_of
+from meml.plan.grid import Cell, cell_key, cell_params, check_method, method_rl, sft_variant
+from meml.plan.layout import Layout
+from meml.training.checkpoint import check_model_folder
+
+
+def method_of(cfg: dict[str, Any], name: str) -> Any:
+    """The named method's switches, checked (config `methods.<name>`)."""
+    from meml.training.rl import Method
+
+    if name not in cfg["methods"]:
+        raise DataError(f"unknown method '{name}'; known: {', '.join(cfg['methods'])}", None, None, "methods")
+    check_method(cfg, name, len(prompts_of(cfg)))
+    return Method.from_config(name, cfg["methods"][name])
+
+
+def sft(
+    cfg: dict[str, Any],
+    model: str,
+    dataset: str,
+    experts: list[int],
+    *,
+    results: str | None = None,
+    model_dir: str | None = None,
+    out: str | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """Multi-expert SFT of `model` on the experts' trajectories of `dataset`."""
+    from meml.training.sft import run_sft
+
+    check_dataset_name(dataset, "--dataset")
+    layout = Layout.of(cfg, results)
+    run = Path(out) if out else layout.sft(model, dataset, sft_variant(experts))
+    base = Path(model_dir) if model_dir else layout.base_model(cfg, model)
+    summary = run_sft(
+        base,
+        layout.data(cfg["world"], dataset),
+        layout.experts(cfg["world"], dataset),
+        run,
+        experts,
+        cfg["sft"],
+        prompts_of(cfg),
+        cfg["seed"],
+        of_config(cfg),
+    )
+    return summary, run
+
+
+def rl(
+    cfg: dict[str, Any], cell: Cell, *, results: str | None = None, sft_dir: str | None = None, out: str | None = None
+) -> tuple[dict[str, Any], Path]:
+    """One RL cell: the method's SFT model trained with the method's switches and the data set's
+    RL settings, logged to the cell's MLflow run."""
+    from meml.training.rl import run_rl
+
+    check_dataset_name(cell.dataset, "--dataset")
+    method = method_of(cfg, cell.method)
+    layout = Layout.of(cfg, results)
+    start = (
+        Path(sft_dir) if sft_dir else layout.sft(cell.model, cell.dataset, sft_variant(method.sft_experts)) / "model"
+    )
+    if not (start / "config.json").is_file():
+        raise DataError("SFT model not found (run `meml sft` for this method first)", start)
+    check_model_folder(start)  # weights present, and the SFT run that wrote them finished
+    run = Path(out) if out else layout.rl(cell)
+    # the values that define the cell decide whether old checkpoints may be resumed, and are the
+    # MLflow run's params (the rest of the config may change without touching the run)
+    params = cell_params(cfg, cell)
+    summary = run_rl(
+        method_rl(cfg, cell.method, cell.dataset),
+        method,
+        start,
+        layout.data(cfg["world"], cell.dataset),
+        layout.experts(cfg["world"], cell.dataset),
+        run,
+        seed=cell.seed,
+        prompts=prompts_of(cfg),
+        reward_mode=cfg["reward"]["mode"],
+        format_bonus=cfg["reward"]["format_bonus"],
+        cell_key=cell_key(cfg, cell),
+        params=params,
+        mlflow_params={
+            "cell": {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed},
+            **params,
+        },
+        mlflow_settings=tracking.experiment_settings(cfg),
+        mlflow_tags=tracking.run_tags(cfg, cell),
+        precision=of_config(cfg),
+    )
+    return summary, run

@@ -1,0 +1,101 @@
+"""The RL settings of one run, typed and read once from the config's `rl` section (with the data
+set's `rl_by_dataset` entry and the method's own `rl` laid over it: grid.method_rl). Every key is
+required here: the defaults live in config/default.yaml alone, so a missing key is an error that
+names it, never a silent fallback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meml.core.io import DataError
+from meml.plan.grid import deep_rl
+from meml.training.rollout import Sampling
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    capacity: int  # B: a flush (an SFT update) when this many hard examples are held
+    threshold: float  # K/G: an expert failing more than this share of its rollouts offers the question
+    insert_prob: float  # the chance an offered question goes in
+    solution: str  # ground_truth | expert_trajectory: what the SFT update learns
+    update: str  # joint (lambda_sft * L_SFT joins the RL loss) | separate (its own step at sft_lr)
+    sft_lr: float
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    steps: int
+    epochs: float | None  # passes over the training questions; None: `steps`
+    questions_per_step: int  # Q
+    group_size: int  # G rollouts per question, spread over the experts
+    spread: str  # split: G shared among the experts; per_expert: G each
+    lr: float
+    warmup_steps: int
+    updates_per_batch: int
+    clip_eps: float
+    beta: float  # KL to the reference model (0: none loaded)
+    max_grad_norm: float
+    max_new_tokens: int
+    max_truncated_share: float
+    temperature: float
+    top_p: float
+    lambda_iml: float
+    lambda_sft: float
+    checkpoint_every: int
+    rollout_batch_size: int
+    engine: str
+    buffer: BufferSettings
+
+    @classmethod
+    def from_config(cls, rl: dict[str, Any]) -> RLSettings:
+        def get(section: dict[str, Any], key: str, kind: type, where: str = "rl") -> Any:
+            if key not in section:
+                raise DataError(f"missing RL setting {where}.{key} (config/default.yaml has every key)")
+            value = section[key]
+            return None if value is None else kind(value)
+
+        buffer = rl.get("buffer")
+        if not isinstance(buffer, dict):
+            raise DataError("missing RL setting rl.buffer (config/default.yaml has every key)")
+        return cls(
+            steps=get(rl, "steps", int),
+            epochs=get(rl, "epochs", float),
+            questions_per_step=get(rl, "questions_per_step", int),
+            group_size=get(rl, "group_size", int),
+            spread=get(rl, "spread", str),
+            lr=get(rl, "lr", float),
+            warmup_steps=get(rl, "warmup_steps", int),
+            updates_per_batch=get(rl, "updates_per_batch", int),
+            clip_eps=get(rl, "clip_eps", float),
+            beta=get(rl, "beta", float),
+            max_grad_norm=get(rl, "max_grad_norm", float),
+            max_new_tokens=get(rl, "max_new_tokens", int),
+            max_truncated_share=get(rl, "max_truncated_share", float),
+            temperature=get(rl, "temperature", float),
+            top_p=get(rl, "top_p", float),
+            lambda_iml=get(rl, "lambda_iml", float),
+            lambda_sft=get(rl, "lambda_sft", float),
+            checkpoint_every=get(rl, "checkpoint_every", int),
+            rollout_batch_size=get(rl, "rollout_batch_size", int),
+            engine=get(rl, "engine", str),
+            buffer=BufferSettings(
+                capacity=get(buffer, "capacity", int, "rl.buffer"),
+                threshold=get(buffer, "threshold", float, "rl.buffer"),
+                insert_prob=get(buffer, "insert_prob", float, "rl.buffer"),
+                solution=get(buffer, "solution", str, "rl.buffer"),
+                update=get(buffer, "update", str, "rl.buffer"),
+                sft_lr=get(buffer, "sft_lr", float, "rl.buffer"),
+            ),
+        )
+
+    @property
+    def sampling(self) -> Sampling:
+        """How rollouts are sampled: the one place a run's Sampling is built from the config."""
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p)
+
+
+def sampling_of(cfg: dict[str, Any], dataset: str) -> Sampling:
+    """RL's sampling on a data set (rl with its rl_by_dataset entry): what the calibration gate and
+    the complementarity analysis sample with."""
+    return RLSettings.from_config(deep_rl(cfg, dataset)).sampling

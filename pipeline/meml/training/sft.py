@@ -1,0 +1,153 @@
+"""MEF, multi-expert fine-tuning, with trl's SFTTrainer.
+
+L_MEF = - sum_k sum_{(Q, O) in E_k} log p(O | Q, P_k): every example carries its expert's system
+prompt through the chat template, and the loss covers the assistant tokens only (the template
+marks them). Train on any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
+for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16 (precision.py).
+Under `accelerate launch` the Trainer runs data-parallel; the main process writes the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from meml.core.io import DataError, atomic_write_json, locked
+from meml.core.precision import Precision, resolve
+from meml.core.records import read_records
+from meml.data.experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
+
+
+def sft_examples(
+    data_dir: str | Path, experts_dir: str | Path, experts: Sequence[int], prompts: Sequence[str] = DEFAULT_PROMPTS
+) -> list[dict[str, Any]]:
+    """Conversational examples {"messages": [system P_k, user Q, assistant O]} for the chosen experts."""
+    records = {r.id: r for r in read_records(Path(data_dir) / "train.jsonl")}
+    examples = []
+    for k in experts:
+        path = Path(experts_dir) / f"e{k}.jsonl"
+        for record, expert, completion in read_trajectories(path, records):
+            if expert != k:
+                raise DataError(f"file of expert {k} holds a trajectory of expert {expert}", path)
+            examples.append(
+                {"messages": [*chat_messages(record, k, prompts), {"role": "assistant", "content": completion}]}
+            )
+    if not examples:
+        raise DataError(f"no SFT examples for experts {list(experts)}", experts_dir)
+    return examples
+
+
+def truncated_share(tokenizer: Any, examples: list[dict[str, Any]], max_length: int) -> float:
+    """The share of SFT examples (chat messages) whose rendered conversation is longer than max_length."""
+    lengths = [
+        len(tokenizer.apply_chat_template(e["messages"], tokenize=True, return_dict=True)["input_ids"])
+        for e in examples
+    ]
+    return sum(n > max_length for n in lengths) / len(lengths) if lengths else 0.0
+
+
+def device_settings(precision: Precision) -> dict[str, Any]:
+    """trl/transformers settings of a precision: fp32 on CPU (bf16 off, no checkpointing); bf16
+    mixed precision (fp32 master weights) with gradient checkpointing on GPU by default."""
+    return {
+        "use_cpu": precision.device == "cpu",
+        "bf16": precision.bf16,
+        "fp16": False,
+        "gradient_checkpointing": precision.gradient_checkpointing,
+    }
+
+
+@locked("out_dir")  # one writer per run folder
+def run_sft(
+    model_dir: str | Path,
+    data_dir: str | Path,
+    experts_dir: str | Path,
+    out_dir: str | Path,
+    experts: Sequence[int],
+    settings: dict[str, Any],
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    seed: int = 0,
+    precision: Precision | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `model_dir` on the experts' trajectories; the model is saved to `out_dir/model`.
+
+    `settings`: lr, epochs, batch_size, grad_accum, max_length, warmup_ratio, scheduler.
+    `out_dir/DONE` (JSON summary) is written last; a folder without it is never trusted.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    out = Path(out_dir)
+    if (out / "DONE").is_file():
+        return dict(json.loads((out / "DONE").read_text()))
+    work = out / "work"
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate launch: one writer
+    if main_process:
+        shutil.rmtree(work, ignore_errors=True)
+    torch.manual_seed(seed)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        raise DataError("model has no chat template; SFT needs one that marks assistant turns", model_dir)
+    precision = precision or resolve("cpu")
+    # fp32 master weights; bf16 runs train under the Trainer's autocast (precision.py)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    examples = sft_examples(data_dir, experts_dir, experts, prompts)
+    truncated = truncated_share(tokenizer, examples, int(settings["max_length"]))
+    if truncated > 0.05:  # trl cuts an example at max_length without a word, and it loses its answer line
+        print(
+            f"SFT: {truncated:.0%} of the examples are longer than sft.max_length = {settings['max_length']} tokens "
+            "and are cut before their answer line; raise sft.max_length",
+            file=sys.stderr,
+        )
+    config = SFTConfig(
+        output_dir=str(work),
+        learning_rate=float(settings["lr"]),
+        num_train_epochs=float(settings["epochs"]),
+        per_device_train_batch_size=int(settings["batch_size"]),
+        gradient_accumulation_steps=int(settings.get("grad_accum", 1)),
+        lr_scheduler_type=str(settings.get("scheduler", "cosine")),
+        warmup_steps=float(settings.get("warmup_ratio", 0.0)),
+        max_length=int(settings["max_length"]),
+        assistant_only_loss=True,
+        packing=False,
+        # Batches of similar length: toy trajectories range from 20 to 460 tokens, and random
+        # batches spent more than half their compute on padding.
+        train_sampling_strategy=str(settings.get("sampler", "group_by_length")),
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        **device_settings(precision),
+    )
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
+    )
+    started = time.time()
+    result = trainer.train()
+    summary = {
+        "examples": len(examples),
+        "truncated_at_max_length": round(truncated, 4),
+        "experts": list(experts),
+        "train_loss": round(float(result.training_loss), 4),
+        "steps": int(result.global_step),
+        "seconds": round(time.time() - started, 1),
+        "loss_curve": [round(float(h["loss"]), 4) for h in trainer.state.log_history if "loss" in h],
+    }
+    from meml.data.tiny_models import save_atomically
+
+    if trainer.is_world_process_zero():
+        save_atomically(out / "model", tokenizer, trainer.accelerator.unwrap_model(trainer.model))
+        shutil.rmtree(work, ignore_errors=True)
+        atomic_write_json(out / "DONE", {**summary, "processes": trainer.accelerator.num_processes})
+    trainer.accelerator.wait_for_everyone()
+    return dict(json.loads((out / "DONE").read_text()))

@@ -1,0 +1,102 @@
+"""The package's shape: stages in layers whose imports only point down, no import circle, and the
+results layout spelled in one module."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipeline" / "meml"
+# bottom to top; a module may import its own layer and the ones before it
+LAYERS = ["core", "data", "plan", "training", "evaluation", "reporting", "top"]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in LAYERS else "top"
+
+
+def imports(path: Path) -> set[str]:
+    """Every meml module this file imports, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import (the layers are checked on absolute names)"
+            if node.module and node.module.split(".")[0] == "meml":
+                found.add(node.module)
+                # `from meml.training import checkpoint` imports a module, not a name
+                found.update(
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if (PACKAGE.parent / node.module.replace(".", "/") / f"{a.name}.py").is_file()
+                )
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "meml")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_imports_only_point_down() -> None:
+    wrong = [
+        f"{importer} ({layer(importer)}) imports {target} ({layer(target)})"
+        for importer, targets in graph().items()
+        for target in targets
+        if LAYERS.index(layer(target)) > LAYERS.index(layer(importer))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert LAYERS.index(layer("meml.reporting.report")) > LAYERS.index(layer("meml.training.rl"))
+    assert "meml.training.checkpoint" in imports(PACKAGE / "training" / "rl.py")
+    assert layer("meml.cli") == "top" and layer("meml.core.io") == "core"
+
+
+def test_no_import_circle() -> None:
+    edges = {m: {t for t in ts if t != m and not m.startswith(t + ".")} for m, ts in graph().items()}
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in edges:
+                continue  # a package's __init__ or a name, not a module of ours
+            assert state.get(nxt) != 1, "import circle: " + " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [])
+
+
+def test_results_paths_live_in_the_layout_module() -> None:
+    """No "results/..." string in code outside plan/layout.py (docstrings and help texts may
+    describe the layout; they do not decide it)."""
+    literal = re.compile(r"^results/|/results/")
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "layout.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body and isinstance(n.body[0], ast.Expr)
+        }
+        helps = {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords if k.arg == "help"}
+        for node in ast.walk(tree):
+            plain = isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs | helps
+            if plain and literal.search(node.value):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
+    assert not offenders, "\n".join(offenders)
