@@ -22,8 +22,7 @@ def toy_world(cfg: dict[str, Any], out: str) -> list[dict[str, Any]]:
 
 def tiny_models(cfg: dict[str, Any], root: str, out: str) -> dict[str, Path]:
     """The tokenizer trained on the world's texts, and every tiny model the config names."""
-    from meml.data.tiny_models import build_tiny_models, toy_corpus
-    from meml.data.tiny_models import tiny_arch
+    from meml.data.tiny_models import build_tiny_models, tiny_arch, toy_corpus
 
     corpus = toy_corpus(root, prompts_of(cfg), with_experts=cfg["world"] == "toy")
     # tiny arch -> tokenizer style, of every tiny model in the config

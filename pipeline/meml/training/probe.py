@@ -60,8 +60,7 @@ PAPER_ARCHITECTURES: dict[str, dict[str, Any]] = {
 
 def architecture(cfg: dict[str, Any], model: str) -> dict[str, Any]:
     """A grid model's architecture: a tiny model's, or the paper model's it is named after."""
-    from meml.data.tiny_models import ARCHITECTURES
-    from meml.data.tiny_models import tiny_arch
+    from meml.data.tiny_models import ARCHITECTURES, tiny_arch
 
     arch = tiny_arch(cfg, model)
     if arch is not None:
