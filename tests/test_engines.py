@@ -51,6 +51,8 @@ def test_both_engines_read_one_sampling_setting() -> None:
 
 def test_precision_is_one_decision_for_every_stage() -> None:
     from meml.training.rollout_vllm import llm_kwargs
+
+    VLLM = {"vllm": load_config()["rl"]["vllm"]}  # rl.vllm, as RL passes it
     from meml.training.sft import device_settings
 
     cpu, gpu = resolve("cpu"), resolve("cuda")
@@ -59,12 +61,12 @@ def test_precision_is_one_decision_for_every_stage() -> None:
     assert device_settings(cpu) == {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False}
     assert device_settings(gpu)["bf16"] and device_settings(gpu)["gradient_checkpointing"]
     # the vLLM engine samples in the run's dtype, as the HF engine does
-    assert llm_kwargs("m", gpu, {}, 0)["dtype"] == gpu.dtype == HFEngine(None, _Tok(), 1, gpu).dtype
-    assert llm_kwargs("m", resolve("cuda", "fp32"), {}, 0)["dtype"] == "float32"
+    assert llm_kwargs("m", gpu, VLLM, 0)["dtype"] == gpu.dtype == HFEngine(None, _Tok(), 1, gpu).dtype
+    assert llm_kwargs("m", resolve("cuda", "fp32"), VLLM, 0)["dtype"] == "float32"
     with pytest.raises(DataError, match="'precision'"):
         resolve("cpu", "bf16")
     with pytest.raises(DataError, match="cuda only"):
-        llm_kwargs("m", cpu, {}, 0)
+        llm_kwargs("m", cpu, VLLM, 0)
 
 
 class _Tok:

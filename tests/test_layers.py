@@ -57,7 +57,7 @@ def test_imports_only_point_down() -> None:
 
 def test_the_layer_check_sees_an_upward_import() -> None:
     assert LAYERS.index(layer("meml.reporting.report")) > LAYERS.index(layer("meml.training.rl"))
-    assert "meml.training.checkpoint" in imports(PACKAGE / "training" / "rl.py")
+    assert "meml.training.checkpoint" in imports(PACKAGE / "training" / "rl_run.py")
     assert layer("meml.cli") == "top" and layer("meml.core.io") == "core"
 
 

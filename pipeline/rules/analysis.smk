@@ -15,13 +15,14 @@ rule complementarity:
         cfg=cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward"),
         model=",".join(f"{RESULTS}/sft/{{model}}/{{ds}}/{v}/model" for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
+        env=job_env,
+        data=DATA,
+        out=f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}",
     threads: config["threads"]
     resources:
         gpu=GPU,
     log:
         f"{LOGS}/complementarity/{{model}}_{{ds}}.log",
     shell:
-        f"{ENV} {{MEML}} complementarity --checkpoint {{params.model}} --dataset {{wildcards.ds}} "
-        "--experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
-        "--out " + f"{RESULTS}/analysis/complementarity/{{wildcards.model}}_{{wildcards.ds}} "
-        "--config-json {params.cfg} > {log} 2>&1"
+        "{params.env} {MEML} complementarity --checkpoint {params.model} --dataset {wildcards.ds} "
+        "--experts {params.experts} --data-root {params.data} --out {params.out} --config-json {params.cfg} > {log} 2>&1"

@@ -15,18 +15,16 @@ rule calibrate:
             "profile", "world", "seed", "device", "precision", "rl", "rl_by_dataset", "experts", "reward", "report",
             "calibration",
         ),
-        experts=lambda w: ",".join(k.lstrip("e") for k in w.variant.split("-")),
+        experts=variant_experts,
+        env=job_env,
+        model=f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/model",
+        data=DATA,
     threads: config["threads"]
     resources:
         gpu=GPU,
     log:
         f"{LOGS}/calibration/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        f"{ENV} {{MEML}} calibrate --checkpoint {RESULTS}/sft/{{wildcards.model}}/{{wildcards.ds}}/{{wildcards.variant}}/model "
-        "--dataset {wildcards.ds} --experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
-        "--where {wildcards.model}/{wildcards.ds}/{wildcards.variant} --out {output} --config-json {params.cfg} > {log} 2>&1"
-
-
-def calibration_failures():
-    """The gate's messages, printed when the workflow stops (they are also in the jobs' logs)."""
-    return [p.read_text(encoding="utf-8") for p in sorted(Path(RESULTS, "calibration").glob("*/*/*.failed"))]
+        "{params.env} {MEML} calibrate --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --where {wildcards.model}/{wildcards.ds}/{wildcards.variant} --out {output} "
+        "--config-json {params.cfg} > {log} 2>&1"

@@ -8,10 +8,11 @@ rule toy_world:
         expand(f"{RESULTS}/toy/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
     params:
         cfg=cli_config("seed", "toy", "experts"),
+        out=f"{RESULTS}/toy",
     log:
         f"{LOGS}/toy_world.log",
     shell:
-        "{MEML} toy-world --out {RESULTS}/toy --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} toy-world --out {params.out} --config-json {params.cfg} > {log} 2>&1"
 
 
 rule toy_stats:
@@ -20,10 +21,13 @@ rule toy_stats:
     output:
         f"{REPORT}/toy_stats.md",
         f"{REPORT}/toy_stats.json",
+    params:
+        root=f"{RESULTS}/toy",
+        out=f"{REPORT}/toy_stats",
     log:
         f"{LOGS}/toy_stats.log",
     shell:
-        "{MEML} toy-stats --root {RESULTS}/toy --out {REPORT}/toy_stats > {log} 2>&1"
+        "{MEML} toy-stats --root {params.root} --out {params.out} > {log} 2>&1"
 
 
 rule prepare_real:
@@ -32,7 +36,8 @@ rule prepare_real:
         f"{RESULTS}/real/data/{{ds}}/test.jsonl",
     params:
         cfg=cli_config("data"),
+        out=f"{RESULTS}/real/data",
     log:
         f"{LOGS}/prepare/{{ds}}.log",
     shell:
-        "{MEML} prepare --dataset {wildcards.ds} --out {RESULTS}/real/data --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} prepare --dataset {wildcards.ds} --out {params.out} --config-json {params.cfg} > {log} 2>&1"

@@ -2,11 +2,6 @@
 # method's evaluated experts' prompts, plus their majority vote. Results go to the cell's MLflow run.
 
 
-def rl_run_dir(w):
-    """The cell's RL run folder, quoted for the shell."""
-    return shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}")
-
-
 rule evaluate:
     input:
         f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
@@ -16,7 +11,10 @@ rule evaluate:
     params:
         cfg=cli_config("profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", "mlflow"),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
-        run=lambda w: rl_run_dir(w),
+        run=rl_run_dir,
+        env=job_env,
+        data=DATA,
+        headline=config["report"]["headline_expert"],
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
         log_to_run=lambda w: f"--log-to-run {rl_run_dir(w)}" if config["mlflow"]["enabled"] else "",
     threads: config["threads"]
@@ -25,7 +23,6 @@ rule evaluate:
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        f"{ENV} {{MEML}} eval --checkpoint {{params.run}}/model --dataset {{wildcards.ds}} "
-        "--experts {params.experts} --data-root " + f"{RESULTS}/{WORLD}/data "
-        "{params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
-        f"&& {PROGRESS} {{output:q}} {PROGRESS_STATE} e{config['report']['headline_expert']}"
+        "{params.env} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} {params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
+        "&& {PROGRESS} {output:q} {PROGRESS_STATE} e{params.headline}"

@@ -10,17 +10,13 @@ rule gold_expert:
         f"{RESULTS}/real/data/{{ds}}/train.jsonl",
     output:
         f"{RESULTS}/real/experts/{{ds}}/e0.jsonl",
+    params:
+        data=f"{RESULTS}/real/data/{{ds}}",
+        out=f"{RESULTS}/real/experts/{{ds}}",
     log:
         f"{LOGS}/experts/{{ds}}_e0.log",
     shell:
-        "{MEML} gold-expert --dataset {wildcards.ds} --data {RESULTS}/real/data/{wildcards.ds} "
-        "--out {RESULTS}/real/experts/{wildcards.ds} > {log} 2>&1"
-
-
-def byo_file(wildcards):
-    """A bring-your-own teacher's file (backend jsonl), so that editing it reruns its expert."""
-    teacher = config["teachers"].get(f"e{wildcards.k}", {})
-    return [f"{teacher['path']}/{wildcards.ds}/e{wildcards.k}.jsonl"] if teacher.get("backend") == "jsonl" else []
+        "{MEML} gold-expert --dataset {wildcards.ds} --data {params.data} --out {params.out} > {log} 2>&1"
 
 
 rule teacher_trajectories:
@@ -50,8 +46,11 @@ rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from 
         f"{RESULTS}/real/data/{{ds}}/train.jsonl",
     output:
         f"{RESULTS}/standin_byo/{{ds}}/e{{k}}.jsonl",
+    params:
+        data=f"{RESULTS}/real/data/{{ds}}",
+        out=f"{RESULTS}/standin_byo",
     log:
         f"{LOGS}/experts/{{ds}}_e{{k}}_standin_byo.log",
     shell:
-        "{MEML} standin-byo --dataset {wildcards.ds} --expert {wildcards.k} --data {RESULTS}/real/data/{wildcards.ds} "
-        "--out {RESULTS}/standin_byo > {log} 2>&1"
+        "{MEML} standin-byo --dataset {wildcards.ds} --expert {wildcards.k} --data {params.data} --out {params.out} "
+        "> {log} 2>&1"

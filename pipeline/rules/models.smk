@@ -14,15 +14,11 @@ rule tiny_models:
         expand(f"{RESULTS}/models/{{folder}}/config.json", folder=TINY_FOLDERS),
     params:
         cfg=cli_config("seed", "world", "toy", "experts", "models"),
+        env=job_env,
+        root=f"{RESULTS}/{WORLD}",
+        out=f"{RESULTS}/models",
     threads: config["threads"]
     log:
         f"{LOGS}/tiny_models.log",
     shell:
-        f"{ENV} {{MEML}} tiny-models --root {RESULTS}/{WORLD} --out {RESULTS}/models --config-json {{params.cfg}} "
-        "> {log} 2>&1"
-
-
-def base_model_files(wildcards):
-    """The tiny model's files, or nothing for a model loaded by hub id."""
-    folder = grid.tiny_folder(config, wildcards.model)
-    return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
+        "{params.env} {MEML} tiny-models --root {params.root} --out {params.out} --config-json {params.cfg} > {log} 2>&1"

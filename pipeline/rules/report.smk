@@ -9,11 +9,6 @@ TABLES = (
 )
 
 
-def project_file(path):
-    """A file named relative to the working folder, else to the workflow (the defaults are)."""
-    return path if Path(path).is_absolute() or Path(path).is_file() else str(Path(workflow.basedir) / path)
-
-
 COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
 
 
@@ -59,7 +54,9 @@ rule report:
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
             "calibration"
         ),
+        results=RESULTS,
+        out=REPORT,
     log:
         f"{LOGS}/report.log",
     shell:
-        "{MEML} report --results {RESULTS} --out {REPORT} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} report --results {params.results} --out {params.out} --config-json {params.cfg} > {log} 2>&1"

@@ -3,10 +3,6 @@
 # launch.processes > 1 each job runs data-parallel on that many GPUs (accelerate launch).
 
 
-def sft_variant(wildcards):
-    return grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
-
-
 rule rl:
     input:
         sft=lambda w: f"{RESULTS}/sft/{w.model}/{w.ds}/{sft_variant(w)}/DONE",
@@ -25,6 +21,7 @@ rule rl:
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",
             "reward", "experts", "mlflow", only={"methods": [w.method]},
         ),
+        env=job_env,
         launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
     threads: config["threads"]
     resources:
@@ -32,5 +29,5 @@ rule rl:
     log:
         f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        f"{ENV} {{params.launch}} rl --model {{wildcards.model}} --dataset {{wildcards.ds}} --method {{wildcards.method:q}} "
+        "{params.env} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
         "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"

@@ -14,7 +14,8 @@ rule sft:
         cfg=cli_config(
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "experts"
         ),
-        experts=lambda w: ",".join(k.lstrip("e") for k in w.variant.split("-")),
+        experts=variant_experts,
+        env=job_env,
         launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
     threads: config["threads"]
     resources:
@@ -22,5 +23,5 @@ rule sft:
     log:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        f"{ENV} {{params.launch}} sft --model {{wildcards.model}} --dataset {{wildcards.ds}} --experts {{params.experts}} "
+        "{params.env} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--config-json {params.cfg} > {log} 2>&1"

@@ -29,6 +29,10 @@ def _fill_defaults(schema: dict[str, Any], value: Any, root: dict[str, Any]) -> 
                 value[key] = copy.deepcopy(sub["default"])
             if key in value:
                 value[key] = _fill_defaults(sub, value[key], root)
+        entries = schema.get("additionalProperties")
+        if isinstance(entries, dict):  # a mapping of named entries (models, methods): each one's defaults
+            for key in value.keys() - schema.get("properties", {}).keys():
+                value[key] = _fill_defaults(entries, value[key], root)
     return value
 
 

@@ -60,4 +60,4 @@ def resolve(device: str, precision: str = "auto", gradient_checkpointing: str | 
 
 
 def of_config(cfg: dict[str, Any]) -> Precision:
-    return resolve(cfg["device"], cfg.get("precision", "auto"), cfg.get("gradient_checkpointing", "auto"))
+    return resolve(cfg["device"], cfg["precision"], cfg["gradient_checkpointing"])

@@ -26,7 +26,7 @@ def tiny_models(cfg: dict[str, Any], root: str, out: str) -> dict[str, Path]:
 
     corpus = toy_corpus(root, prompts_of(cfg), with_experts=cfg["world"] == "toy")
     # tiny arch -> tokenizer style, of every tiny model in the config
-    styles = {arch: cfg["models"][m].get("tokenizer", "toy") for m in cfg["models"] if (arch := tiny_arch(cfg, m))}
+    styles = {arch: cfg["models"][m]["tokenizer"] for m in cfg["models"] if (arch := tiny_arch(cfg, m))}
     return build_tiny_models(corpus, out, cfg["seed"], cfg["toy"]["vocab_size"], list(styles), styles)
 
 

@@ -134,7 +134,7 @@ def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
     style unless toy: `qwen2`, `llama-llama-instruct`); None for a hub id or folder."""
 
     arch = tiny_arch(cfg, model)
-    return folder_name(arch, cfg["models"][model].get("tokenizer", "toy")) if arch else None
+    return folder_name(arch, cfg["models"][model]["tokenizer"]) if arch else None
 
 
 def complementarity_models(cfg: dict[str, Any]) -> list[str]:
@@ -206,7 +206,7 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
     styles: dict[str, str] = {}
     for name, model in cfg["models"].items():
         arch = tiny_arch(cfg, name)
-        if arch and styles.setdefault(arch, model.get("tokenizer", "toy")) != model.get("tokenizer", "toy"):
+        if arch and styles.setdefault(arch, model["tokenizer"]) != model["tokenizer"]:
             raise DataError(
                 f"two tiny {arch} models with different tokenizer styles are not supported; use one style per arch",
                 None,

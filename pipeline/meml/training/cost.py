@@ -175,7 +175,7 @@ def throughputs(cfg: dict[str, Any], measured: Path | None = None) -> dict[str, 
         missing = [m for m in models(cfg) if m not in found]
         if not missing:
             return found
-    engine = cfg["rl"].get("engine", "hf")
+    engine = cfg["rl"]["engine"]
     return {m: assumed_h100(str(cfg["models"][m]["source"]), engine) for m in models(cfg)}
 
 
@@ -225,3 +225,18 @@ def report(cfg: dict[str, Any], measured: Path, remeasure: bool = False, steps: 
             save_measured(measured, measure(cfg, Path(work), steps))
     speeds = throughputs(cfg, measured)
     return table(estimate(cfg, speeds), speeds)
+
+
+def headline(cfg: dict[str, Any], measured: Path) -> str:
+    """One line with the grid's GPU-hours by stage: what the workflow says before anything runs."""
+    speeds = throughputs(cfg, measured)
+    rows = estimate(cfg, speeds)
+    stages = ", ".join(
+        f"{stage} {sum(r['hours'] for r in rows if r['stage'] == stage):.1f}"
+        for stage in ("sft", "rl+eval", "complementarity")
+    )
+    return (
+        f"Estimated GPU-hours of this grid: {sum(r['hours'] for r in rows):.1f} ({stages}); throughput: "
+        f"{next(iter(speeds.values())).source}. Per cell: `python -m meml.cli cost --config <this config>`; "
+        "measured on this GPU: add --measure."
+    )

@@ -43,12 +43,12 @@ def llm_kwargs(model_dir: str | Path, precision: Precision, settings: dict[str, 
     the external launcher, so that vLLM joins the process group accelerate started."""
     if precision.device != "cuda":
         raise DataError("the vllm engine runs on cuda only", None, None, "device")
-    vllm_settings = settings.get("vllm") or {}
+    vllm_settings = settings["vllm"]  # rl.vllm
     return {
         "model": str(model_dir),
         "dtype": precision.dtype,
-        "gpu_memory_utilization": float(vllm_settings.get("gpu_memory_utilization", 0.3)),
-        "max_model_len": int(vllm_settings.get("max_model_len", 4096)),
+        "gpu_memory_utilization": float(vllm_settings["gpu_memory_utilization"]),
+        "max_model_len": int(vllm_settings["max_model_len"]),
         "seed": seed,
         "enable_prefix_caching": True,
         "distributed_executor_backend": "external_launcher",

@@ -1,0 +1,139 @@
+# What every rule file shares: the checked config, the names of the result folders, how a job is
+# started (the warm worker, or accelerate for data-parallel training), and the helpers the rules'
+# inputs and params call. Rules spell their shell lines plainly: paths come in as params.
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from snakemake.utils import validate
+
+validate(config, Path(workflow.basedir) / "config" / "schema.yaml")
+
+sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
+from meml.core.config import validate as with_defaults  # noqa: E402
+from meml.core.io import DataError  # noqa: E402
+from meml.data.experts import prompts_of  # noqa: E402
+from meml.plan import grid  # noqa: E402
+
+try:
+    config.update(with_defaults(config))  # defaults inside named entries too (models.<m>.tokenizer)
+    N_EXPERTS = len(prompts_of(config))
+    grid.check(config, N_EXPERTS)
+except DataError as err:
+    raise ValueError(f"invalid config: {err}") from None
+
+PROFILE = config["profile"]
+WORLD = config["world"]
+RESULTS = f"results/{PROFILE}"
+REPORT = f"report/{PROFILE}"
+LOGS = f"logs/{PROFILE}"
+DATA = f"{RESULTS}/{WORLD}/data"  # the prepared data sets of this world
+DATASETS = config["grid"]["datasets"]
+MODELS = grid.models(config)
+CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
+ALL_EXPERTS = list(range(N_EXPERTS))
+PAPER_EXPERTS = list(grid.PAPER_EXPERTS)  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
+CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
+GPU = 1 if config["device"] == "cuda" else 0
+PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
+
+# The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
+# `meml.run` hands the job to the warm worker (pipeline/meml/worker.py: torch, transformers,
+# lm-eval and MLflow imported once, each job a forked child), or runs it here when there is none.
+# The socket reaches the jobs through the environment (set in onstart), never through a shell
+# line or params: those are part of what Snakemake compares to decide a rerun.
+MEML = f"{shlex.quote(sys.executable)} -m meml.run"
+OFFLINE = {"HF_HUB_OFFLINE": "1"} if WORLD == "toy" else {}  # the toy world never touches the network
+# A line per finished cell (pipeline/meml/progress.py): jobs done of total, time left, accuracy.
+PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
+PROGRESS_STATE = Path(RESULTS) / ".progress.json"
+
+
+def job_env(wildcards, threads):
+    """The environment a compute job starts with: `threads` CPU threads each."""
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false", **OFFLINE}
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def launcher(job):
+    """How a training job starts: the CLI, or `accelerate launch` with PROCESSES processes (one a
+    GPU) and a rendezvous port of its own, so that jobs running side by side do not collide."""
+    if PROCESSES == 1:
+        return MEML
+    port = 29500 + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 5000
+    accelerate_config = Path(workflow.basedir) / config["launch"]["accelerate_config"]
+    return (
+        f"{shlex.quote(sys.executable)} -m accelerate.commands.launch --config_file {shlex.quote(str(accelerate_config))} "
+        f"--num_processes {PROCESSES} --main_process_port {port} -m meml.cli"
+    )
+
+
+def cli_config(*sections, only=None):
+    """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
+    in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
+    mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
+    so editing one method or one teacher reruns only its jobs."""
+    chosen = {key: config[key] for key in sections}
+    for section, keys in (only or {}).items():
+        chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
+    if "methods" in (only or {}):  # where a method is shown (`tables`) never reruns its own jobs
+        chosen["methods"] = {name: grid.switches(config, name) for name in chosen["methods"]}
+    return shlex.quote(json.dumps(chosen, sort_keys=True))  # key order in a YAML file never reruns a job
+
+
+def sft_variant(wildcards):
+    """The SFT run a method starts RL from (its sft_experts, e.g. e0-e1-e2)."""
+    return grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
+
+
+def variant_experts(wildcards):
+    """An SFT variant's experts as the CLI takes them: e0-e1-e2 -> 0,1,2."""
+    return ",".join(k.lstrip("e") for k in wildcards.variant.split("-"))
+
+
+def rl_run_dir(wildcards):
+    """A cell's RL run folder, quoted for the shell."""
+    w = wildcards
+    return shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}")
+
+
+def base_model_files(wildcards):
+    """The tiny model's files, or nothing for a model loaded by hub id."""
+    folder = grid.tiny_folder(config, wildcards.model)
+    return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
+
+
+def byo_file(wildcards):
+    """A bring-your-own teacher's file (backend jsonl), so that editing it reruns its expert."""
+    teacher = config["teachers"].get(f"e{wildcards.k}", {})
+    return [f"{teacher['path']}/{wildcards.ds}/e{wildcards.k}.jsonl"] if teacher.get("backend") == "jsonl" else []
+
+
+def project_file(path):
+    """A file named relative to the working folder, else to the workflow (the defaults are)."""
+    return path if Path(path).is_absolute() or Path(path).is_file() else str(Path(workflow.basedir) / path)
+
+
+def calibration_failures():
+    """The gate's messages, printed when the workflow stops (they are also in the jobs' logs)."""
+    return [p.read_text(encoding="utf-8") for p in sorted(Path(RESULTS, "calibration").glob("*/*/*.failed"))]
+
+
+wildcard_constraints:
+    model="|".join(re.escape(m) for m in config["models"]),
+    ds="gsm8k|strategyqa|mathqa",
+    method="|".join(re.escape(m) for m in config["methods"]),
+    variant=r"e\d+(-e\d+)*",
+    seed=r"\d+",
+
+
+# Say what the grid will cost before anything runs (also on -n); not again inside each job.
+if config["device"] == "cuda" and workflow.is_main_process:
+    from meml.training import cost  # noqa: E402
+
+    print(cost.headline(config, Path(RESULTS) / "cost_throughput.json"), file=sys.stderr)
