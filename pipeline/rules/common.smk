@@ -83,7 +83,7 @@ def cli_config(*sections, only=None):
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
     if "methods" in (only or {}):  # where a method is shown (`tables`) never reruns its own jobs
         chosen["methods"] = {name: grid.switches(config, name) for name in chosen["methods"]}
-    return shlex.quote(json.dumps(chosen, sort_keys=True))  # key order in a YAML file never reruns a job
+    return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 
 def sft_variant(wildcards):
