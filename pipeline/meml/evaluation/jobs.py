@@ -16,7 +16,7 @@ from meml.training.rl_settings import sampling_of
 
 
 def _data_root(cfg: dict[str, Any], data_root: str | None) -> Path:
-    return Path(data_root) if data_root else Layout.of(cfg).world(cfg["world"]) / "data"
+    return Path(data_root) if data_root else Layout.of(cfg).data_root(cfg["world"])
 
 
 def evaluate(

@@ -39,8 +39,12 @@ class Layout:
     def world(self, world: str) -> Path:
         return self.root / world
 
+    def data_root(self, world: str) -> Path:
+        """The prepared data sets of a world (one folder per data set inside)."""
+        return self.root / world / "data"
+
     def data(self, world: str, dataset: str) -> Path:
-        return self.root / world / "data" / dataset
+        return self.data_root(world) / dataset
 
     def experts(self, world: str, dataset: str) -> Path:
         return self.root / world / "experts" / dataset
@@ -88,4 +92,4 @@ def report_dir(cfg: dict[str, Any]) -> Path:
 def default_data_root(world: str) -> str:
     """The prepared data an lm-eval task reads when no data_root is passed: the default profile of
     each world (toy, and paper for the real world)."""
-    return str(Layout(RESULTS / ("toy" if world == "toy" else "paper")).data(world, "")).rstrip("/")
+    return str(Layout(RESULTS / ("toy" if world == "toy" else "paper")).data_root(world))
