@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.answers import is_correct
+from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
@@ -81,7 +82,7 @@ def measure(
     torch.manual_seed(seed)
     precision = precision or resolve("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **attention_kwargs(precision.device))
     model.to(torch.device(precision.device))  # the GPU, on a GPU grid
     engine = HFEngine(model, tokenizer, precision=precision)
     train = read_records(Path(data_root) / dataset / "train.jsonl")[:train_questions]

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from meml.core.answers import is_correct
+from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages
@@ -65,7 +66,10 @@ def sample_correctness(
             loaded = (
                 models[i],
                 tokenizer,
-                HFEngine(AutoModelForCausalLM.from_pretrained(models[i]), tokenizer, batch_size),
+                # sampled where it loads: on the CPU
+                HFEngine(
+                    AutoModelForCausalLM.from_pretrained(models[i], **attention_kwargs("cpu")), tokenizer, batch_size
+                ),
             )
         _, tokenizer, engine = loaded
         outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in records], k, sampling)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.answers import answers_match, extract
+from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json, locked
 from meml.core.records import read_records
 from meml.core.stops import stop_tokens
@@ -70,7 +71,9 @@ def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str, dt
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
 
-        return HFLM(pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size)
+        return HFLM(
+            pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size, **attention_kwargs(device)
+        )
     if backend == "vllm":
         try:
             import vllm  # noqa: F401

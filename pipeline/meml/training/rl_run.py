@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json
 from meml.core.precision import Precision
 from meml.core.records import Record, read_records
@@ -71,14 +72,16 @@ def load(
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # fp32 master weights in every precision; bf16 runs compute under autocast (precision.py)
-    policy: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attention_kwargs(dist.device))
     policy.to(torch.device(dist.device))
     if precision.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     policy.train()
     reference: Any = None
     if s.beta > 0:
-        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=precision.torch_dtype())
+        reference = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=precision.torch_dtype(), **attention_kwargs(dist.device)
+        )
         reference.to(torch.device(dist.device)).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=s.lr, weight_decay=0.0)
     sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=s.buffer.sft_lr, weight_decay=0.0)

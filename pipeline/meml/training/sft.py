@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json, locked
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
@@ -98,7 +99,7 @@ def run_sft(
         raise DataError("model has no chat template; SFT needs one that marks assistant turns", model_dir)
     precision = precision or resolve("cpu")
     # fp32 master weights; bf16 runs train under the Trainer's autocast (precision.py)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attention_kwargs(precision.device))
     examples = sft_examples(data_dir, experts_dir, experts, prompts)
     truncated = truncated_share(tokenizer, examples, int(settings["max_length"]))
     if truncated > 0.05:  # trl cuts an example at max_length without a word, and it loses its answer line
