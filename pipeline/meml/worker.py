@@ -33,6 +33,9 @@ from typing import Any
 PRELOAD = (
     "torch",
     "transformers",
+    "transformers.modeling_utils",  # the model classes' base and the attention kernels (core/attention.py)
+    "transformers.masking_utils",
+    "meml.core.attention",
     "meml.training.rl",
     "meml.training.sft",
     "meml.evaluation.evaluate",

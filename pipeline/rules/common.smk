@@ -10,22 +10,21 @@ import sys
 import time
 from pathlib import Path
 
-from snakemake.utils import validate
-
-validate(config, Path(workflow.basedir) / "config" / "schema.yaml")
-
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml.core.config import validate as with_defaults  # noqa: E402
 from meml.core.io import DataError  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import grid  # noqa: E402
 
+# config/schema.yaml checks the config and fills its defaults, inside named entries too
+# (models.<m>.tokenizer): the CLI's own check, which errs naming the key. It stands in for
+# snakemake.utils.validate, which checks the same schema 0.3 s slower (a quarter of a no-op rerun).
 try:
-    config.update(with_defaults(config))  # defaults inside named entries too (models.<m>.tokenizer)
+    config.update(with_defaults(config))
     N_EXPERTS = len(prompts_of(config))
     grid.check(config, N_EXPERTS)
 except DataError as err:
-    raise ValueError(f"invalid config: {err}") from None
+    raise ValueError(str(err) if "invalid config" in str(err) else f"invalid config: {err}") from None
 
 PROFILE = config["profile"]
 WORLD = config["world"]

@@ -7,8 +7,10 @@ every call; on a CPU, decoding spends more time in that copy than in attention i
 evaluation job: 23 s of 57 s of model time, cProfile). PyTorch's scaled_dot_product_attention
 can broadcast the shared heads itself (`enable_gqa`), the same arithmetic without the copy;
 transformers uses that only when there is no mask. So on a CPU the models load with
-`sdpa_shared_kv` below; on a GPU they keep transformers' own choice (whose fused kernels take
-no `enable_gqa` with a mask).
+`sdpa_shared_kv` below, which does that wherever no gradient is taken (generation: rollouts,
+evaluation, calibration, complementarity); its logits are bit-identical to transformers' (tests/
+test_attention.py), so every number a run produces stays the same. On a GPU the models keep
+transformers' own choice (whose fused kernels take no `enable_gqa` with a mask).
 
     model = AutoModelForCausalLM.from_pretrained(path, **attention_kwargs(device))
 """
@@ -36,8 +38,11 @@ def _sdpa_shared_kv(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_length, kv_length = query.shape[2], key.shape[2]
-    if attention_mask is None and q_length > 1 and kv_length != q_length:
-        # a causal prefill against a longer cache: transformers' kernel aligns that case itself
+    training = torch.is_grad_enabled() and query.requires_grad
+    if training or (attention_mask is None and q_length > 1 and kv_length != q_length):
+        # Training: SDPA's backward sums the shared heads' gradients in another order (1e-8 apart),
+        # which would move every trained number; the forward alone is bit-identical. A causal
+        # prefill against a longer cache: transformers' kernel aligns that case itself.
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(

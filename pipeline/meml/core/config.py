@@ -1,6 +1,6 @@
 """Load a YAML config, fill defaults from config/schema.yaml, and reject unknown keys by name.
 
-The same schema serves Snakemake (`snakemake.utils.validate`) and the CLI (here, via jsonschema).
+The same check serves the workflow (pipeline/rules/common.smk) and the CLI.
 """
 
 from __future__ import annotations
