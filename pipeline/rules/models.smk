@@ -2,7 +2,9 @@
 # toy world, and the real world on a CPU: config/real-smoke.yaml); a model given by hub id or
 # folder is loaded by the SFT rule. The tokenizer is trained on the world's own texts (the real
 # world's prepared data sets), in the style `models.<m>.tokenizer` names.
-TINY_FOLDERS = sorted({f for f in (grid.tiny_folder(config, m) for m in config["models"]) if f})
+# Only the models some cell uses are built (pretraining one costs minutes).
+USED_MODELS = list(dict.fromkeys([*grid.models(config), *grid.extra_models(config)]))
+TINY_FOLDERS = sorted({f for f in (grid.tiny_folder(config, m) for m in USED_MODELS) if f})
 
 
 rule tiny_models:
@@ -13,11 +15,12 @@ rule tiny_models:
     output:
         expand(f"{RESULTS}/models/{{folder}}/config.json", folder=TINY_FOLDERS),
     params:
-        cfg=cli_config("seed", "world", "toy", "experts", "models"),
+        cfg=cli_config("seed", "world", "toy", "experts", "models", only={"models": USED_MODELS}),
         env=job_env,
         root=f"{RESULTS}/{WORLD}",
         out=f"{RESULTS}/models",
-    threads: config["threads"]
+    # pretraining (toy.pretrain.steps) is minutes of compute with nothing beside it: every core
+    threads: workflow.cores if config["toy"]["pretrain"]["steps"] else config["threads"]
     log:
         f"{LOGS}/tiny_models.log",
     shell:

@@ -27,7 +27,16 @@ def tiny_models(cfg: dict[str, Any], root: str, out: str) -> dict[str, Path]:
     corpus = toy_corpus(root, prompts_of(cfg), with_experts=cfg["world"] == "toy")
     # tiny arch -> tokenizer style, of every tiny model in the config
     styles = {arch: cfg["models"][m]["tokenizer"] for m in cfg["models"] if (arch := tiny_arch(cfg, m))}
-    return build_tiny_models(corpus, out, cfg["seed"], cfg["toy"]["vocab_size"], list(styles), styles)
+    pretraining = dict(cfg["toy"]["pretrain"])
+    if pretraining["steps"] > 0:
+        from meml.data.pretrain import corpus as pretraining_corpus
+
+        test = Path(root) / "data" / "gsm8k" / "test.jsonl"
+        exclude = [r.question for r in read_records(test)] if test.exists() else []
+        pretraining["texts"] = pretraining_corpus(
+            exclude, cfg["seed"], pretraining["documents"], cfg["toy"]["gsm8k_max_ops"]
+        )
+    return build_tiny_models(corpus, out, cfg["seed"], cfg["toy"]["vocab_size"], list(styles), styles, pretraining)
 
 
 def prepare(cfg: dict[str, Any], dataset: str, out: str, local: str | None = None) -> dict[str, list[Record]]:

@@ -200,9 +200,14 @@ def build_tiny_models(
     vocab_size: int = 2048,
     kinds: Iterable[str] = ("qwen2", "llama"),
     styles: dict[str, str] | None = None,
+    pretraining: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Train a tokenizer on the corpus (one per tokenizer style) and save one random-initialised
-    model per kind, in out_root/<folder_name(kind, style)>. `styles`: kind -> style (default toy)."""
+    model per kind, in out_root/<folder_name(kind, style)>. `styles`: kind -> style (default toy).
+    `pretraining`: {"texts", "steps", "lr", "batch_size"} trains each model on the texts first
+    (data/pretrain.py); its losses go to out_root/<folder>/pretrain_losses.json."""
+    from meml.core.io import atomic_write_json
+
     corpus = list(corpus)
     tokenizers: dict[str, Any] = {}
     out = {}
@@ -211,7 +216,16 @@ def build_tiny_models(
         if style not in tokenizers:
             tokenizers[style] = train_tokenizer(corpus, vocab_size, style)
         name = folder_name(kind, style)
-        save_atomically(Path(out_root) / name, tokenizers[style], build_model(kind, tokenizers[style], seed))
+        model = build_model(kind, tokenizers[style], seed)
+        losses = None
+        if pretraining and pretraining["steps"] > 0:
+            from meml.data.pretrain import pretrain
+
+            settings = {k: pretraining[k] for k in ("steps", "lr", "batch_size")}
+            losses = pretrain(model, tokenizers[style], pretraining["texts"], seed=seed, **settings)
+        save_atomically(Path(out_root) / name, tokenizers[style], model)
+        if losses is not None:
+            atomic_write_json(Path(out_root) / name / "pretrain_losses.json", {"steps": len(losses), "loss": losses})
         out[name] = Path(out_root) / name
     return out
 
