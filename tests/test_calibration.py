@@ -25,7 +25,7 @@ def test_check_names_each_value_outside_its_range_and_what_moves_it() -> None:
     problems = check(result, RANGES)
     assert problems == [
         "expert 1's rollout success 0.05 is outside calibration.ranges.rollout_success [0.2, 0.45]; "
-        "change sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
+        "change toy.pretrain.steps, sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
         "expert 1's finished share 0.90 is outside calibration.ranges.finished [0.95, 1.0]; "
         "change rl_by_dataset.gsm8k.max_new_tokens (or rl.max_new_tokens), sft.epochs",
     ]
@@ -74,4 +74,6 @@ def test_gate_warn_writes_the_measurements(untrained: Path, small_world: Path, t
     assert saved["rollout_success"] == {"e0": 0.0, "e1": 0.0, "e2": 0.0}
     assert saved["greedy"] == {"expert": 1, "questions": 4, "accuracy": 0.0, "finished": saved["greedy"]["finished"]}
     assert saved["train_questions"] == 3 and saved["samples"] == 2 and saved["answer_balance"] is None
+    # each expert's mean completion length, in tokens (at most the 12-token cap, at least one)
+    assert set(saved["mean_tokens"]) == {"e0", "e1", "e2"} and all(1 <= v <= 12 for v in saved["mean_tokens"].values())
     assert not out.with_suffix(".failed").exists()

@@ -201,6 +201,6 @@ def test_the_gate_set_to_stop_ends_the_workflow_before_rl_with_its_message(tmp_p
     done = _run(tmp_path, "--configfile", str(SMOKE), str(tmp_path / "gate.yaml"))
     assert done.returncode != 0
     assert "calibration of qwen2/strategyqa/e0-e1-e2 (calibration.gate: stop)" in done.stderr
-    assert "is outside calibration.ranges." in done.stderr and "change sft.epochs" in done.stderr
+    assert "is outside calibration.ranges." in done.stderr and "change toy.pretrain.steps, sft.epochs" in done.stderr
     assert not list((tmp_path / "results/smoke").glob("rl/**/DONE"))
     assert not (tmp_path / "results/smoke/calibration/qwen2/strategyqa/e0-e1-e2.json").exists()

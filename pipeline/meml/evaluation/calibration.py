@@ -29,8 +29,8 @@ from meml.training.rollout import HFEngine, Sampling, prompt_ids
 
 # the settings that move each measurement, named in the gate's message
 MOVED_BY = {
-    "rollout_success": "sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
-    "greedy_accuracy": "sft.epochs, sft.lr, toy.sizes (more SFT data)",
+    "rollout_success": "toy.pretrain.steps, sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature",
+    "greedy_accuracy": "toy.pretrain.steps, sft.epochs, sft.lr, toy.sizes (more SFT data)",
     "finished": "rl_by_dataset.<ds>.max_new_tokens (or rl.max_new_tokens), sft.epochs",
 }
 
@@ -40,18 +40,22 @@ class CalibrationError(DataError):
 
 
 def _sample(engine: HFEngine, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
-            sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, float]]:  # fmt: skip
-    """expert -> (share correct, share finished) of n samples per record under that expert's prompt;
-    every expert's prompts go through the engine together (fewer, fuller batches)."""
+            sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, ...]]:  # fmt: skip
+    """expert -> (share correct, share finished, mean tokens) of n samples per record under that
+    expert's prompt; every expert's prompts go through the engine together (fewer, fuller batches)."""
     asked = [(k, r) for k in experts for r in records]
     outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
-    tally = {k: [0, 0, 0] for k in experts}  # correct, finished, total
+    tally = {k: [0, 0, 0, 0] for k in experts}  # correct, finished, tokens, total
     for (k, record), samples in zip(asked, outs, strict=True):
         for c in samples:
             tally[k][0] += is_correct(c.text, record.dataset, record.answer, mode, record.options)
             tally[k][1] += c.finished
-            tally[k][2] += 1
-    return {k: (correct / total, finished / total) for k, (correct, finished, total) in tally.items()}
+            tally[k][2] += len(c.token_ids)
+            tally[k][3] += 1
+    return {
+        k: (correct / total, finished / total, tokens / total)
+        for k, (correct, finished, tokens, total) in tally.items()
+    }
 
 
 def answer_balance(answers: Sequence[str]) -> dict[str, Any]:
@@ -96,12 +100,16 @@ def measure(
         "max_new_tokens": sampling.max_new_tokens,
         "rollout_success": {},
         "finished": {},
+        "mean_tokens": {},  # per expert: a MEF model that ignores its expert prompts writes one length for all
     }
-    for k, (success, finished) in _sample(engine, tokenizer, train, experts, samples, sampling, prompts, mode).items():
+    for k, (success, finished, tokens) in _sample(
+        engine, tokenizer, train, experts, samples, sampling, prompts, mode
+    ).items():
         out["rollout_success"][f"e{k}"], out["finished"][f"e{k}"] = round(success, 4), round(finished, 4)
+        out["mean_tokens"][f"e{k}"] = round(tokens, 1)
     greedy = Sampling(sampling.max_new_tokens, greedy=True)
     shown = test[: test_questions or None]
-    accuracy, greedy_finished = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
+    accuracy, greedy_finished, _ = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
     out["greedy"] = {"expert": headline, "questions": len(shown), "accuracy": round(accuracy, 4),
                      "finished": round(greedy_finished, 4)}  # fmt: skip
     out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None

@@ -142,7 +142,8 @@ def _truncated(cfg: dict[str, Any], method: str, rows: list[dict[str, float]]) -
 def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     """The gate's measurements of every MEF model RL starts from (calibration.py)."""
     ranges = cfg["calibration"]["ranges"]
-    columns = ["rollout success", "finished (lowest)", "greedy accuracy", "largest answer class", "in range"]
+    columns = ["rollout success", "finished (lowest)", "mean tokens", "greedy accuracy", "largest answer class",
+               "in range"]  # fmt: skip
     table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
                   [("measured", columns)])  # fmt: skip
     sampled = ""
@@ -155,6 +156,7 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
             [
                 " · ".join(f"{e} {100 * v:.0f}" for e, v in c["rollout_success"].items()),
                 f"{100 * min(c['finished'].values()):.0f}",
+                " · ".join(f"{e} {v:.0f}" for e, v in c.get("mean_tokens", {}).items()) or MISSING,
                 f"{100 * c['greedy']['accuracy']:.1f}",
                 MISSING if not balance else f"{balance['largest_class']} {100 * balance['largest_share']:.0f}",
                 "yes" if c["in_range"] else "no",
@@ -164,7 +166,9 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap (range "
         f"{_pct(ranges['rollout_success'])}); finished: the lowest expert's share ending within the cap (range "
-        f"{_pct(ranges['finished'])}); greedy accuracy: the headline expert on the first test questions (range "
+        f"{_pct(ranges['finished'])}); mean tokens: each expert's mean sample length (a MEF model that ignores "
+        f"its expert prompts writes one style, so one length, for all); greedy accuracy: the headline expert on "
+        f"the first test questions (range "
         f"{_pct(ranges['greedy_accuracy'])}); largest answer class: its share of the test split (a constant "
         f"answer scores it). Gate: {cfg['calibration']['gate']}.",
     ]
