@@ -86,8 +86,8 @@ def build(
         lines += [
             "",
             "Calibration warnings: these MEF models are outside the informative range (in %; the calibration "
-            "table; sft.epochs, sft.lr and toy.sizes move accuracy, rl_by_dataset.<ds>.max_new_tokens the finished "
-            "share):",
+            "table; toy.pretrain.steps, sft.epochs, sft.lr and toy.sizes move accuracy, "
+            "rl_by_dataset.<ds>.max_new_tokens the finished share):",
         ]
         lines += warnings
     atomic_write_text(index, index_page(cfg, tables, written, out, lines))
