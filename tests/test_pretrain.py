@@ -78,3 +78,16 @@ def test_pretraining_lowers_the_loss_and_repeats(pretrained: tuple[Path, Path, P
     w0 = AutoModelForCausalLM.from_pretrained(plain).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # same seed, same weights
     assert not torch.equal(wa["model.embed_tokens.weight"], w0["model.embed_tokens.weight"])
+
+
+def test_too_little_text_names_the_key(pretrained: tuple[Path, Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    from meml.core.io import DataError
+    from meml.data.pretrain import pretrain
+
+    plain = pretrained[0]
+    model, tok = AutoModelForCausalLM.from_pretrained(plain), AutoTokenizer.from_pretrained(plain)
+    expected = r"field 'toy\.pretrain\.documents': the pretraining text has \d+ tokens, fewer than one window of 128"
+    with pytest.raises(DataError, match=expected):
+        pretrain(model, tok, ["1 + 1 = 2"], steps=1, seed=0)

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from meml.core.io import DataError
 from meml.data.toy import gsm8k as toy_gsm8k
 
 
@@ -97,7 +98,12 @@ def pretrain(
 
     stream = torch.tensor(token_stream(tokenizer, texts), dtype=torch.long)
     if len(stream) <= seq_len:
-        raise ValueError(f"the pretraining text has {len(stream)} tokens, fewer than one window of {seq_len}")
+        raise DataError(
+            f"the pretraining text has {len(stream)} tokens, fewer than one window of {seq_len}",
+            None,
+            None,
+            "toy.pretrain.documents",
+        )
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 20)
