@@ -316,21 +316,33 @@ def test_rl_refuses_caps_that_cut_the_trajectories(small_world: Path, base_model
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_completion_logprobs_are_the_next_token_log_probs_of_each_completion(base_model: Path) -> None:
+@pytest.mark.parametrize("rows_per_pass", [1, 2, 8])
+def test_completion_logprobs_are_the_next_token_log_probs_of_each_completion(
+    base_model: Path, rows_per_pass: int
+) -> None:
     """Logits at position t predict token t + 1: completion token j is scored by the logits at
-    len(prompt) + j - 1. Checked against one unpadded forward pass per row, for two rows of
-    different lengths (the shorter one right-padded)."""
+    len(prompt) + j - 1. Checked against one unpadded forward pass per row, for rows of different
+    lengths given longest first (so the length sort reorders them), scored one, two or all rows a
+    pass (right-padded, logits only from the shortest prompt on): each row comes back in its place."""
     from meml.training.rl import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(base_model).eval()
-    prompts, completions = [[5, 9, 14, 3], [7, 2]], [[11, 4], [8, 6, 12, 10]]
+    prompts = [[5, 9, 14, 3, 6, 6], [5, 9, 14, 3], [7, 2], [13]]
+    completions = [[11, 4, 9], [11, 4], [8, 6, 12, 10], [3]]
     with torch.no_grad():
-        logp, mask, _ = completion_logprobs(model, prompts, completions, pad=0)
+        logp, mask, entropy = completion_logprobs(
+            model, prompts, completions, pad=0, with_entropy=True, rows_per_pass=rows_per_pass
+        )
         for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
-            expected = [torch.log_softmax(logits[len(p) + j - 1], -1)[token] for j, token in enumerate(c)]
+            log_probs = [torch.log_softmax(logits[len(p) + j - 1], -1) for j in range(len(c))]
+            expected = [lp[token] for lp, token in zip(log_probs, c, strict=True)]
             assert torch.allclose(logp[row, : len(c)], torch.stack(expected), atol=1e-5)
-    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
+            assert entropy is not None
+            assert torch.allclose(entropy[row, : len(c)], torch.stack([-(lp.exp() * lp).sum() for lp in log_probs]),
+                                  atol=1e-5)  # fmt: skip
+            assert not logp[row, len(c) :].any() and not entropy[row, len(c) :].any()  # zero past the completion
+    assert mask.tolist() == [[True] * 3 + [False], [True] * 2 + [False] * 2, [True] * 4, [True] + [False] * 3]
 
 
 class SpreadEngine(ScriptedEngine):
