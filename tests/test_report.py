@@ -273,7 +273,7 @@ def test_extra_tables_and_summary_by_hand(tmp_path: Path) -> None:
     # the open questions: the sensitivity methods against MEML-GRPO, each its own comparison
     assert "- Moving this one setting changes MEML-GRPO's accuracy (MEML-B4) (sensitivity table)" in index
     tested = int(index.split(" comparisons tested")[0].split()[-3])
-    assert tested == sum(x.count("Holm p = ") for x in index.splitlines())
+    assert tested == sum(x.count("Holm p ") for x in index.splitlines())
     # complementarity: a figure without a verdict; solved by another (50 + 70) / 2 = 60.0
     assert "60.0% here" in index and "at least one expert right in 95.0% of draws (one sampling run" in index
 

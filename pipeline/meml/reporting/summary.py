@@ -11,7 +11,8 @@ The rule, for a comparison of method A with method B (same questions, same seeds
   - otherwise a test: "A beats B" tests difference = 0, "A matches or beats B" tests difference =
     -margin (report.stats.margin), "A differs from B" tests difference = 0 either way. The p-values
     of every test on the page are adjusted together by Holm's method; "supported" or "contradicted"
-    only when the adjusted p is below 1 - level (so the interval excludes the null as well), else
+    only when the adjusted p is below 1 - level (then the interval, which is per comparison, excludes
+    the null as well; the converse need not hold), else
     "inconclusive" with the smallest difference this design detects (80% power at the strictest
     Holm level, level / number of tests).
 """
@@ -185,7 +186,9 @@ class Summary:
             diff = f"difference {est.mean:+.1f} [{100 * level:.0f}% CI {lo:+.1f}, {hi:+.1f}]"
         else:
             diff = f"difference {est.mean:+.1f} (no interval)"
-        p = f", Holm p = {c.p_adjusted:.3f}" if c.p_adjusted is not None else ""
+        p = ""
+        if c.p_adjusted is not None:
+            p = ", Holm p < 0.001" if c.p_adjusted < 0.001 else f", Holm p = {c.p_adjusted:.3f}"
         paper = f"; {c.paper}" if c.paper else ""
         where = f"{c.table} table{paper}"
         return f"- {c.text} ({where}): {c.a} {a.mean:.1f} vs {c.b} {b.mean:.1f}, {diff}{p}. **{c.verdict}**."
@@ -227,8 +230,10 @@ def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[st
         f"(same questions, same seeds) with a {100 * s['level']:.0f}% interval over seeds and questions (crossed "
         "random effects, t with Satterthwaite's df: docs/grid.md, Verdicts); "
         f"{tests} of {len(comparisons)} comparisons tested, p-values adjusted together (Holm). A verdict needs the "
-        f"adjusted p below {1 - s['level']:.2f}; 'matches' means within {s['margin']} points; no verdict at floor "
-        f"or chance, or with fewer than {s['min_seeds']} seeds.",
+        f"adjusted p below {1 - s['level']:.2f} (each interval is for its own comparison, so with several tests "
+        "one can exclude 0 and still be inconclusive); "
+        f"'matches' means within {s['margin']} points; no verdict at floor or chance, or with fewer than "
+        f"{s['min_seeds']} seeds.",
     ]
     sections = {"claims": "The paper's claims:", "questions": "The open questions (extras):"}
     for section, title in sections.items():
