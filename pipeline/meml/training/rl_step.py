@@ -47,7 +47,8 @@ def completion_logprobs(
     Returns logp (N, T), mask (N, T) and, if asked, the entropy of each predicted token (N, T), in
     the rows' own order. Inside, rows are sorted by length and scored `rows_per_pass` at a time,
     each pass right-padded to its longest row and computing logits only from its shortest prompt
-    on (`logits_to_keep`): the same values as one pass over everything, with less padding.
+    on (`logits_to_keep`): the values of one pass over everything to float32 rounding (not bit for
+    bit: the matrix shapes differ), with less padding.
     """
     n, t_max = len(prompts), max(len(c) for c in completions)
     device = next(model.parameters()).device
@@ -81,15 +82,15 @@ def _chunk_logprobs(
     """One right-padded forward pass over a few rows -> logp (n, t_max), entropy (n, t_max) or None,
     zero past each completion."""
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    t = max(len(c) for c in completions)  # this pass's longest completion; zeros fill up to t_max
-    # logits at position t predict token t + 1: completion token j sits at len(p) + j, so only the
-    # positions from the shortest prompt's last token on are needed
+    t_pass = max(len(c) for c in completions)  # this pass's longest completion; zeros fill up to t_max
+    # the logits at position i predict token i + 1: completion token j sits at len(p) + j, so only
+    # the positions from the shortest prompt's last token on are needed
     first = min(len(p) for p in prompts) - 1
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    index = torch.zeros((len(prompts), t), dtype=torch.long)
-    targets = torch.zeros((len(prompts), t), dtype=torch.long)
-    mask = torch.zeros((len(prompts), t), dtype=torch.bool)
+    index = torch.zeros((len(prompts), t_pass), dtype=torch.long)
+    targets = torch.zeros((len(prompts), t_pass), dtype=torch.long)
+    mask = torch.zeros((len(prompts), t_pass), dtype=torch.bool)
     for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         ids[row, : len(p) + len(c)] = torch.tensor(p + c)
         attention[row, : len(p) + len(c)] = 1
@@ -102,7 +103,7 @@ def _chunk_logprobs(
     log_probs = torch.log_softmax(picked, dim=-1)
     logp = log_probs.gather(-1, targets.to(device)[..., None]).squeeze(-1) * mask.to(device)
     entropy = -(log_probs.exp() * log_probs).sum(-1) * mask.to(device) if with_entropy else None
-    fill = (0, t_max - t)
+    fill = (0, t_max - t_pass)
     return torch.nn.functional.pad(logp, fill), None if entropy is None else torch.nn.functional.pad(entropy, fill)
 
 
