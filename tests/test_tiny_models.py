@@ -59,10 +59,12 @@ def test_models_load_offline_and_generate(models: dict[str, Path]) -> None:
     assert sizes["llama"] < sizes["qwen2"]  # the weaker stand-in is the smaller one
 
 
-def test_same_seed_same_weights(small_world: Path, tmp_path: Path) -> None:
+def test_same_seed_same_weights_built_alone_or_beside_another(small_world: Path, tmp_path: Path) -> None:
+    # the workflow builds each model in its own job (models.smk): a model must not depend on which
+    # others are built, or adding one to the grid would change the first one's cells
     corpus = toy_corpus(small_world, DEFAULT_PROMPTS)
     a = build_tiny_models(corpus, tmp_path / "a", seed=1, vocab_size=500, kinds=["llama"])
-    b = build_tiny_models(corpus, tmp_path / "b", seed=1, vocab_size=500, kinds=["llama"])
+    b = build_tiny_models(corpus, tmp_path / "b", seed=1, vocab_size=500, kinds=["qwen2", "llama"])
     assert (a["llama"] / "tokenizer.json").read_bytes() == (b["llama"] / "tokenizer.json").read_bytes()
     wa = AutoModelForCausalLM.from_pretrained(a["llama"]).state_dict()
     wb = AutoModelForCausalLM.from_pretrained(b["llama"]).state_dict()

@@ -117,6 +117,17 @@ def test_changing_one_method_reruns_only_its_cells(smoke_run: Path) -> None:
     assert "MoE+IML" in dry.stdout
 
 
+def test_adding_a_model_reruns_only_its_own_jobs(smoke_run: Path) -> None:
+    # each tiny model has its own job, so the first model's cells (and their numbers) are kept
+    more = smoke_run / "two_models.yaml"
+    more.write_text("grid: {models: [qwen2, llama]}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(more))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = _job_counts(dry.stdout)
+    assert counts["tiny_model"] == 1 and counts["rl"] == counts["evaluate"] == 7 + len(EXTRAS)
+    assert "model=llama" in dry.stdout and "model=qwen2" not in dry.stdout and "folder=qwen2" not in dry.stdout
+
+
 def test_one_cell_is_rerun_by_naming_its_output(smoke_run: Path) -> None:
     cell = "results/smoke/rl/qwen2/strategyqa/MoE+HSFT/seed0/DONE"
     target = "results/smoke/eval/qwen2/strategyqa/MoE+HSFT/seed0.json"
