@@ -71,22 +71,40 @@ def test_progress_line_counts_jobs_and_estimates_time_left(tmp_path: Path, monke
 
 
 def test_a_job_stopped_by_sigterm_fails(tmp_path: Path) -> None:
+    """SIGTERM to a job in the worker stops the forked child running it, and the job fails.
+    The job waits on its config file, a FIFO, so the test knows when the child is inside the job
+    (its open for reading is what lets ours for writing succeed) instead of guessing a time."""
+    import errno
     import signal
     import time
 
     sock = tmp_path / "w.sock"
     process = worker.start(sock, {"PYTHONPATH": str(PROJECT / "pipeline")})
     assert process is not None
+    config = tmp_path / "config.yaml"
+    os.mkfifo(config)
+    writer = -1
     try:
         env = {**os.environ, "PYTHONPATH": str(PROJECT / "pipeline"), "MEML_WORKER": str(sock)}
-        # a job that runs long enough to be stopped: a toy world of 20,000 GSM8K questions
         job = subprocess.Popen(
-            [sys.executable, "-m", "meml.run", "toy-world", "--out", "x", "--set", "toy.sizes.gsm8k=[20000,5]"],
+            [sys.executable, "-m", "meml.run", "toy-world", "--out", "x", "--config", str(config)],
             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while writer < 0:  # opening a FIFO's write end without blocking fails until a reader has it
+            try:
+                writer = os.open(config, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as error:
+                assert error.errno == errno.ENXIO, error
+                assert job.poll() is None, "the job ended before it read its config"
+                assert time.monotonic() < deadline, "the job never opened its config"
+                time.sleep(0.05)
         job.send_signal(signal.SIGTERM)  # what Snakemake sends a job it cancels; passed to the child
         assert job.wait(timeout=60) != 0
+        with pytest.raises(BrokenPipeError):  # no reader left: the child that held the FIFO is gone
+            os.write(writer, b"profile: x\n")
     finally:
+        if writer >= 0:
+            os.close(writer)
         process.terminate()
         process.wait(timeout=30)

@@ -73,7 +73,7 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
-    if not p.is_file():
+    if not p.exists() or p.is_dir():  # a pipe is a file here too: --config <(...) works
         raise DataError("config file not found", p)
     try:
         data = load_yaml(p.read_text()) or {}
