@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=None, help="prepared data folder (default results/<profile>/toy/data)")
     p.add_argument("--real", action="store_true", help="name the lm-eval tasks as the real data sets'")
     p.add_argument("--base-model", default=None, help="also evaluate this untrained base model the same way")
-    p.add_argument("--backend", default=None, choices=["hf", "vllm"], help="default: eval.backend")
+    p.add_argument("--backend", default=None, choices=["kv", "hf", "vllm"], help="default: eval.backend")
     p.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
     p.add_argument("--limit", type=int, default=None, help="only the first N test questions")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the tasks' generation limit")

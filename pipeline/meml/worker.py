@@ -39,6 +39,7 @@ PRELOAD = (
     "meml.training.rl",
     "meml.training.sft",
     "meml.evaluation.evaluate",
+    "meml.evaluation.kv_lm",  # registers the lm-eval model class the kv backend uses
     "meml.evaluation.complementarity",
     "meml.core.tracking",
     "mlflow",

@@ -25,7 +25,8 @@ from meml.core.io import DataError, atomic_write_json
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
 from meml.data.experts import chat_messages
-from meml.training.rollout import HFEngine, Sampling, prompt_ids
+from meml.training.engines import sampling_engine
+from meml.training.rollout import Sampling, prompt_ids
 
 # the settings that move each measurement, named in the gate's message
 MOVED_BY = {
@@ -39,7 +40,7 @@ class CalibrationError(DataError):
     """An MEF model outside the informative range, with the gate set to stop."""
 
 
-def _sample(engine: HFEngine, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
+def _sample(engine: Any, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
             sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, ...]]:  # fmt: skip
     """expert -> (share correct, share finished, mean tokens) of n samples per record under that
     expert's prompt; every expert's prompts go through the engine together (fewer, fuller batches)."""
@@ -88,7 +89,7 @@ def measure(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **attention_kwargs(precision.device))
     model.to(torch.device(precision.device))  # the GPU, on a GPU grid
-    engine = HFEngine(model, tokenizer, precision=precision)
+    engine = sampling_engine(model, tokenizer, precision=precision)
     train = read_records(Path(data_root) / dataset / "train.jsonl")[:train_questions]
     test = read_records(Path(data_root) / dataset / "test.jsonl")
     out: dict[str, Any] = {

@@ -27,7 +27,8 @@ from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages
-from meml.training.rollout import HFEngine, Sampling, prompt_ids
+from meml.training.engines import sampling_engine
+from meml.training.rollout import Sampling, prompt_ids
 
 
 def sample_correctness(
@@ -67,7 +68,7 @@ def sample_correctness(
                 models[i],
                 tokenizer,
                 # sampled where it loads: on the CPU
-                HFEngine(
+                sampling_engine(
                     AutoModelForCausalLM.from_pretrained(models[i], **attention_kwargs("cpu")), tokenizer, batch_size
                 ),
             )

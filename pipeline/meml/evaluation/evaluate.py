@@ -35,7 +35,7 @@ from meml.data.experts import DEFAULT_PROMPTS
 from meml.evaluation.lm_tasks import MAX_GEN_TOKS, task_name, write_tasks
 from meml.training.checkpoint import check_model_folder
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("kv", "hf", "vllm")
 TIE_RULE = "invalid answers do not vote; most votes wins; a tie goes to the lowest-numbered expert's answer"
 
 
@@ -68,6 +68,20 @@ def majority_vote(predictions: Sequence[str | None]) -> str | None:
 
 
 def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str) -> Any:
+    if backend == "kv":  # lm-eval's hf model, generating with the CPU sampling engine (kv_lm.py)
+        from meml.evaluation.kv_lm import KVLM
+        from meml.training.kv_decode import UnsupportedModel
+
+        try:
+            return KVLM(
+                pretrained=str(checkpoint),
+                device=device,
+                dtype=dtype,
+                batch_size=batch_size,
+                **attention_kwargs(device),
+            )
+        except UnsupportedModel as err:
+            raise DataError(f"{err} (eval.backend: hf)", checkpoint) from None
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
 
@@ -92,7 +106,7 @@ def evaluate_model(
     data_root: str | Path,
     *,
     prompts: Sequence[str] = DEFAULT_PROMPTS,
-    backend: str = "hf",
+    backend: str = "kv",
     batch_size: int = 32,
     device: str = "cpu",
     dtype: str | None = None,

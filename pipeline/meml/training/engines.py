@@ -1,4 +1,6 @@
-"""Which rollout engine a run uses (`rl.engine`): hf (the default), hf-copy, or vllm."""
+"""Which rollout engine a run uses (`rl.engine`): kv (the default: the CPU sampling engine,
+kv_decode.py), hf (transformers' generate), hf-copy, or vllm; and which engine the sampling jobs
+(calibration, complementarity) use."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ from typing import Any
 
 from meml.core.io import DataError
 from meml.core.precision import Precision
+from meml.training.kv_decode import KVEngine, UnsupportedModel
 from meml.training.rollout import HFCopyEngine, HFEngine, RolloutEngine
 
-ENGINES = ("hf", "hf-copy", "vllm")
+ENGINES = ("kv", "hf", "hf-copy", "vllm")
 
 
 def make_engine(
@@ -23,6 +26,11 @@ def make_engine(
     rank: int = 0,
 ) -> RolloutEngine:
     batch = int(settings["rollout_batch_size"])
+    if name == "kv":
+        try:
+            return KVEngine(policy, tokenizer, batch, precision)
+        except UnsupportedModel as err:
+            raise DataError(str(err), None, None, "rl.engine") from None
     if name == "hf":
         return HFEngine(policy, tokenizer, batch, precision)
     if name == "hf-copy":
@@ -32,3 +40,13 @@ def make_engine(
 
         return VLLMEngine(model_dir, tokenizer, precision, settings, seed + rank)
     raise DataError(f"unknown rollout engine '{name}'; known: {', '.join(ENGINES)}", None, None, "rl.engine")
+
+
+def sampling_engine(model: Any, tokenizer: Any, batch_size: int = 64, precision: Precision | None = None) -> Any:
+    """The engine a sampling job uses: the kv engine for a supported model on a CPU, else transformers' generate."""
+    if next(model.parameters()).device.type == "cpu":
+        try:
+            return KVEngine(model, tokenizer, batch_size, precision)
+        except UnsupportedModel:
+            pass
+    return HFEngine(model, tokenizer, batch_size, precision)
