@@ -102,8 +102,8 @@ def rl_run_dir(wildcards):
 
 
 def base_model_files(wildcards):
-    """The tiny model's files, or nothing for a model loaded by hub id."""
-    folder = grid.tiny_folder(config, wildcards.model)
+    """The built model's files (tiny, or converted from a GGUF file), or nothing for a hub id."""
+    folder = grid.built_folder(config, wildcards.model)
     return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
 
 
