@@ -111,7 +111,7 @@ SMALL = """
 grid: {datasets: [strategyqa], methods: [MEML-GRPO]}
 data:
   strategyqa: {local: %s, sizes: [4, 4]}
-rl: {steps: 1, questions_per_step: 1, group_size: 3, max_new_tokens: 24}
+rl: {steps: 1, questions_per_step: 1, group_size: 6, max_new_tokens: 24}
 rl_by_dataset: {strategyqa: {max_new_tokens: 24}}
 eval: {max_new_tokens: 24, questions: 4}
 analysis: {complementarity: {samples: 1, questions: 2}}
