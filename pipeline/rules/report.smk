@@ -56,7 +56,7 @@ rule report:
     params:
         cfg=cli_config(
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
-            "calibration", "eval"
+            "calibration", "eval", shown=True
         ),
         results=RESULTS,
         out=REPORT,

@@ -137,6 +137,14 @@ def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
     return folder_name(arch, cfg["models"][model]["tokenizer"]) if arch else None
 
 
+SHOWN_ONLY = ("published", "published_note")  # model keys the report shows and no job reads
+
+
+def model_values(entry: dict[str, Any]) -> dict[str, Any]:
+    """A model entry without what is only shown (its published figures): what a job reads."""
+    return {k: v for k, v in entry.items() if k not in SHOWN_ONLY}
+
+
 def gguf_folder(cfg: dict[str, Any], model: str) -> str | None:
     """The folder below results/<profile>/models/ of a model converted from a GGUF file; None otherwise."""
     from meml.data import gguf_models
