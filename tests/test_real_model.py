@@ -187,3 +187,45 @@ def test_the_base_row_reads_the_real_models_answers(real_model_run: Path) -> Non
     assert "95% CI" in base and "| smollm2 | StrategyQA | expert 1 |" in base and "majority vote" in base
     samples = (real_model_run / "report/real-model/tables/base_samples.md").read_text()
     assert report["samples"][0]["id"] in samples
+
+
+def test_the_base_table_counts_intervals_chance_and_the_published_figure(tmp_path: Path) -> None:
+    from meml.core.config import load_config
+    from meml.reporting.base_table import base_samples, base_table, wilson
+    from meml.reporting.tables import to_markdown
+
+    lo, hi = wilson(0, 4)
+    assert lo == 0.0 and 0.48 < hi < 0.50  # not empty at 0 correct, unlike the normal interval
+    lo, hi = wilson(8, 16)
+    assert abs((lo + hi) / 2 - 0.5) < 1e-9 and 0.27 < lo < 0.28
+    models = {"m": {"source": "x", "paper_name": "P", "published": {"gsm8k": 1.4}, "published_note": "card"}}
+    cfg = load_config(None, {"world": "real", "models": models, "grid": {"datasets": ["gsm8k", "strategyqa"]}})
+    golds = {"gsm8k": ["3", "4", "5", "6"], "strategyqa": ["yes", "yes", "yes", "no"]}
+    for ds, gold in golds.items():
+        samples = []
+        for i, g in enumerate(gold):
+            right = i == 0  # expert 0 gets the first question right, expert 1 none
+            samples.append(
+                {
+                    "id": f"{ds}-{i}",
+                    "gold": g,
+                    "e0": {
+                        "response": f"So | the answer\nis {g}.",
+                        "strict": g,
+                        "lenient": g,
+                        "lenient_correct": right,
+                    },
+                    "e1": {"response": "...", "strict": None, "lenient": None, "lenient_correct": False},
+                    "majority_vote_lenient": g if right else None,
+                }
+            )
+        experts = {"e0": {"finished": 1.0}, "e1": {"finished": 0.5}}
+        report = {"experts": experts, "majority_vote": {}, "samples": samples}
+        (tmp_path / "eval/m" / ds).mkdir(parents=True)
+        (tmp_path / "eval/m" / ds / "base.json").write_text(json.dumps({"model": report}))
+    md = to_markdown(base_table(cfg, tmp_path))
+    assert "| m | GSM8K | expert 0 | 25.0 | 4.6 – 69.9 | 1 / 4 | 100 | 0.0 | 1.4 |" in md
+    assert "| m | StrategyQA | expert 1 | 0.0 | 0.0 – 49.0 | 0 / 4 | 50 | 75.0 | – |" in md  # chance: 3 of 4 are yes
+    assert "| m | StrategyQA | majority vote | 25.0 |" in md and "published % (m): card" in md
+    rows = [r for r in to_markdown(base_samples(cfg, tmp_path, per_dataset=1)).splitlines() if r.startswith("| m ")]
+    assert len(rows) == 4 and "So \\| the answer ⏎ is 3." in rows[0]  # one cell per response, pipes escaped
