@@ -163,3 +163,10 @@ def test_the_grid_gives_a_gguf_model_its_built_folder() -> None:
     del cfg["models"]["m"]["sha256"]
     with pytest.raises(DataError, match=r"models\.m\.sha256"):
         grid.check(cfg, 3)  # the workflow's checks across keys, before any job
+
+
+def test_published_figures_are_not_part_of_what_a_job_reads() -> None:
+    from meml.plan import grid
+
+    entry = {"source": SOURCE, "sha256": SHA, "paper_name": "X", "published": {"gsm8k": 1.4}, "published_note": "card"}
+    assert grid.model_values(entry) == {"source": SOURCE, "sha256": SHA, "paper_name": "X"}
