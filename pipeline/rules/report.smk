@@ -5,6 +5,7 @@
 TABLES = (
     ["main", "ablation", "majority_vote", "complementarity", "sparsity", "calibration"]
     + (["teachers"] if WORLD == "real" else [])
+    + (["base", "base_samples"] if config["eval"]["base"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
 )
 
@@ -18,6 +19,9 @@ rule report:
         curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
         complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
         mlflow=rules.mlflow_store.output,
+        base=expand(f"{RESULTS}/eval/{{model}}/{{ds}}/base.json", model=grid.models(config), ds=DATASETS)
+        if config["eval"]["base"]
+        else [],
         calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),
@@ -52,7 +56,7 @@ rule report:
     params:
         cfg=cli_config(
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
-            "calibration"
+            "calibration", "eval", shown=True
         ),
         results=RESULTS,
         out=REPORT,

@@ -59,12 +59,32 @@ LLAMA_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
+# SmolLM2-Instruct's shape (its GGUF file's template, config/real-model.yaml): ChatML without
+# {% generation %} marks (SFT must find the assistant's tokens another way), a default system prompt
+# written when the conversation has none, and pad = eos = <|im_end|> (padding must not hide the end of
+# a turn from the loss).
+SMOLLM2_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 # Tokenizer styles: `toy` (eos = the end-of-turn token), and two shaped like the paper's models in
 # the ways that break things: `qwen-base` (eos <|endoftext|>, turns end with <|im_end|>) and
-# `llama-instruct` (eos <|end_of_text|>, turns end with <|eot_id|>, a template-written system header).
+# `llama-instruct` (eos <|end_of_text|>, turns end with <|eot_id|>, a template-written system header),
+# and `smollm2-instruct` (above).
 TOKENIZER_STYLES: dict[str, dict[str, Any]] = {
     "toy": {"special": SPECIAL_TOKENS, "eos": "<|im_end|>", "pad": "<|endoftext|>", "template": CHAT_TEMPLATE},
     "qwen-base": {"special": SPECIAL_TOKENS, "eos": "<|endoftext|>", "pad": "<|endoftext|>", "template": CHAT_TEMPLATE},
+    "smollm2-instruct": {
+        "special": SPECIAL_TOKENS,
+        "eos": "<|im_end|>",
+        "pad": "<|im_end|>",
+        "template": SMOLLM2_CHAT_TEMPLATE,
+    },
     "llama-instruct": {
         "special": LLAMA_SPECIAL_TOKENS,
         "eos": "<|end_of_text|>",

@@ -137,6 +137,30 @@ def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
     return folder_name(arch, cfg["models"][model]["tokenizer"]) if arch else None
 
 
+SHOWN_ONLY = ("published", "published_note")  # model keys the report shows and no job reads
+
+
+def model_values(entry: dict[str, Any]) -> dict[str, Any]:
+    """A model entry without what is only shown (its published figures): what a job reads."""
+    return {k: v for k, v in entry.items() if k not in SHOWN_ONLY}
+
+
+def gguf_folder(cfg: dict[str, Any], model: str) -> str | None:
+    """The folder below results/<profile>/models/ of a model converted from a GGUF file; None otherwise."""
+    from meml.data import gguf_models
+
+    entry = cfg["models"][model]
+    if not gguf_models.is_gguf(entry["source"]):
+        return None
+    return gguf_models.folder_name(gguf_models.parse(entry, f"models.{model}"))
+
+
+def built_folder(cfg: dict[str, Any], model: str) -> str | None:
+    """The folder below results/<profile>/models/ that a rule builds for this model (a tiny model,
+    or one converted from a GGUF file); None for a hub id or a folder given as is."""
+    return tiny_folder(cfg, model) or gguf_folder(cfg, model)
+
+
 def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     chosen = cfg["analysis"]["complementarity"]["models"]
     return [m for m in models(cfg) if chosen is None or m in chosen]
@@ -215,6 +239,8 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
             )
     for name, model in cfg["models"].items():
         source = str(model["source"])
+        if source.startswith("gguf:"):
+            gguf_folder(cfg, name)  # parses the source and its checksums; a bad one names its key
         if source.startswith("tiny:") and source not in ("tiny:qwen2", "tiny:llama"):
             raise DataError(
                 f"unknown tiny model '{source}'; known: tiny:qwen2, tiny:llama", None, None, f"models.{name}.source"

@@ -4,7 +4,7 @@
     results/<profile>/
         <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
         <world>/experts/<ds>/e<k>.jsonl           expert trajectories
-        models/<name>/                            tiny models (toy world and real-smoke)
+        models/<name>/                            tiny models (toy world and real-smoke), models from GGUF files
         sft/<model>/<ds>/<variant>/{model,DONE}   MEF runs (variant: the experts, e.g. e0-e1-e2)
         calibration/<model>/<ds>/<variant>.json   the gate's measurements
         rl/<model>/<ds>/<method>/seed<k>/         RL runs (metrics.jsonl, model/, DONE)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
-from meml.plan.grid import Cell, tiny_folder
+from meml.plan.grid import Cell, built_folder
 
 RESULTS = Path("results")  # relative to the folder Snakemake runs in
 AGREEMENT = RESULTS / "agreement"  # `meml agreement`: the checker against the real rationales
@@ -54,10 +54,10 @@ class Layout:
         return self.root / "models"
 
     def base_model(self, cfg: dict[str, Any], model: str) -> Path | str:
-        """A tiny model's folder, or the hub id / folder of a real one."""
+        """A built model's folder (tiny, or converted from a GGUF file), or the hub id / folder of a real one."""
         if model not in cfg["models"]:
             raise DataError(f"unknown model '{model}'; known: {', '.join(cfg['models'])}", None, None, "models")
-        folder = tiny_folder(cfg, model)
+        folder = built_folder(cfg, model)
         return self.models / folder if folder else str(cfg["models"][model]["source"])
 
     def sft(self, model: str, dataset: str, variant: str) -> Path:

@@ -62,6 +62,10 @@ def build(
     ]
     if cfg["world"] == "real":
         tables.append(teachers_table(cfg, root, len(prompts_of(cfg))))
+    if cfg["eval"].get("base"):
+        from meml.reporting.base_table import base_samples, base_table
+
+        tables += [base_table(cfg, root), base_samples(cfg, root)]
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     written: list[Path] = []

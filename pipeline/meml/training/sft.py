@@ -1,8 +1,11 @@
 """MEF, multi-expert fine-tuning, with trl's SFTTrainer.
 
 L_MEF = - sum_k sum_{(Q, O) in E_k} log p(O | Q, P_k): every example carries its expert's system
-prompt through the chat template, and the loss covers the assistant tokens only (the template
-marks them). Train on any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
+prompt through the chat template, and the loss covers the assistant tokens only: the ones the
+template marks with `{% generation %}` (the tiny models' templates), or, for a template without the
+marks (real models' templates: SmolLM2's, Qwen2.5's, Llama-3.2's), everything after the prompt
+rendered with its generation prompt, the end-of-turn token included (`training_rows`). Train on
+any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
 for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16 (precision.py).
 Under `accelerate launch` the Trainer runs data-parallel; the main process writes the model.
 """
@@ -42,6 +45,27 @@ def sft_examples(
     if not examples:
         raise DataError(f"no SFT examples for experts {list(experts)}", experts_dir)
     return examples
+
+
+def has_generation_marks(template: Any) -> bool:
+    """Whether a chat template marks the assistant's tokens with {% generation %} (any trim variant)."""
+    import re
+
+    if isinstance(template, dict):
+        template = template.get("default", "")
+    return bool(re.search(r"\{%-?\s*generation\s*-?%\}", str(template or "")))
+
+
+def training_rows(tokenizer: Any, examples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """The rows trl trains on and whether they use the template's assistant marks.
+
+    With marks: the conversations as they are (trl's assistant_only_loss). Without: the same
+    conversations as prompt (system, user) and completion (the assistant turn), so that the loss
+    covers the completion, end-of-turn token and all, whatever the template (trl only patches the
+    templates it knows, and refuses the others)."""
+    if has_generation_marks(tokenizer.chat_template):
+        return examples, True
+    return [{"prompt": e["messages"][:-1], "completion": e["messages"][-1:]} for e in examples], False
 
 
 def truncated_share(tokenizer: Any, examples: list[dict[str, Any]], max_length: int) -> float:
@@ -108,6 +132,7 @@ def run_sft(
             "and are cut before their answer line; raise sft.max_length",
             file=sys.stderr,
         )
+    rows, marked = training_rows(tokenizer, examples)
     config = SFTConfig(
         output_dir=str(work),
         learning_rate=float(settings["lr"]),
@@ -117,7 +142,8 @@ def run_sft(
         lr_scheduler_type=str(settings["scheduler"]),
         warmup_steps=float(settings["warmup_ratio"]),
         max_length=int(settings["max_length"]),
-        assistant_only_loss=True,
+        assistant_only_loss=marked,
+        completion_only_loss=not marked,
         packing=False,
         # Batches of similar length: toy trajectories range from 20 to 460 tokens, and random
         # batches spent more than half their compute on padding.
@@ -130,14 +156,13 @@ def run_sft(
         dataloader_num_workers=0,
         **device_settings(precision),
     )
-    trainer = SFTTrainer(
-        model=model, args=config, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
-    )
+    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     started = time.time()
     result = trainer.train()
     summary = {
         "examples": len(examples),
         "truncated_at_max_length": round(truncated, 4),
+        "loss_on": "template marks" if marked else "completion after the prompt",
         "experts": list(experts),
         "train_loss": round(float(result.training_loss), 4),
         "steps": int(result.global_step),
