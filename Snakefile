@@ -36,6 +36,12 @@ _WORKER = {}
 onstart:
     Path(RESULTS).mkdir(parents=True, exist_ok=True)
     PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag)}))
+    # Not on a cluster (--executor slurm): jobs run on other nodes, which cannot reach this
+    # machine's socket, and on this one the worker would run them outside the scheduler's control.
+    # They start as fresh processes there (`meml.run` falls back when MEML_WORKER is unset).
+    if workflow.non_local_exec:
+        os.environ.pop("MEML_WORKER", None)
+        return
     _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(WORKER_SOCKET)  # inherited by every local job
