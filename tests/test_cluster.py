@@ -167,13 +167,25 @@ def _start_cell(folder: Path, steps: int) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
 
 
+def _newest_step(checkpoints: Path, since: float) -> int:
+    """The highest step checkpointed since `since` (-1: none); old ones vanish as it runs."""
+    newest = -1
+    for marker in checkpoints.glob("step-*/COMPLETE"):
+        try:
+            if marker.stat().st_mtime >= since:
+                newest = max(newest, int(marker.read_text().split()[0]))
+        except (FileNotFoundError, ValueError, IndexError):
+            continue
+    return newest
+
+
 def _wait_for_step(folder: Path, step: int, limit: float = 600) -> str:
-    """Until the cell's RL job has checkpointed `step`; its SLURM job id."""
-    deadline = time.time() + limit
+    """Until the cell's running RL job has checkpointed `step` (a checkpoint written from now on:
+    the run before it moves aside when the job starts); its SLURM job id."""
+    since, deadline = time.time(), time.time() + limit
     while time.time() < deadline:
-        marked = sorted((folder / CELL / "checkpoints").glob("step-*/COMPLETE"))
-        if marked and int(marked[-1].read_text().split()[0]) >= step:
-            jobs = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout
+        if _newest_step(folder / CELL / "checkpoints", since) >= step:
+            jobs = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], capture_output=True, text=True).stdout
             for line in jobs.splitlines():
                 job, _, comment = line.partition(" ")
                 if comment.strip() == COMMENT:
@@ -250,3 +262,15 @@ def test_the_mlflow_server_down_for_a_minute_during_a_run(dag: tuple[Path, str, 
     out, _ = run.communicate(timeout=900)
     assert run.returncode == 0, out[-4000:]  # the client retried: the job neither failed nor lost a step
     _steps_once(folder, steps)
+
+
+def test_a_gpu_rule_asks_slurm_for_a_gpu(dag: tuple[Path, str, float]) -> None:
+    """`device: cuda` gives the GPU rules `gpu=1`, which the plugin submits as `--gpus=1` (the same
+    in profiles/slurm). This node has no GPU, so SLURM refuses the request, naming it."""
+    folder, _, _ = dag
+    cuda = folder / "cuda.yaml"
+    cuda.write_text("device: cuda\n")
+    run = _run(folder, str(cuda), "--", "results/smoke/sft/qwen2/gsm8k/e0-e1-e2/DONE", timeout=600)
+    assert run.returncode != 0
+    failed = run.stderr.split("SLURM sbatch failed.")[-1]
+    assert "sbatch call:" in failed and "--gpus=1" in failed, run.stderr[-3000:]

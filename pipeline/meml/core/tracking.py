@@ -14,6 +14,7 @@ logged once.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -21,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError, atomic_write_text
+
+# MLflow's usage telemetry off, before any job imports mlflow: the jobs send nothing anywhere but
+# their store, and its client thread's edits of os.environ raced a request's read of it (one of 32
+# jobs logging at once failed on `'_MLFLOW_TELEMETRY_SESSION_ID'`: scripts/mlflow_concurrency.py).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
