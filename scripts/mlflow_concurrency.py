@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # imported once, before the fork (both stores' modules): the time measured is the logging's
-    import mlflow.store.tracking.rest_store  # noqa: F401
+    import mlflow.store.tracking.rest_store
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
     import meml.core.tracking  # noqa: F401
