@@ -41,6 +41,9 @@ onstart:
     # They start as fresh processes there (`meml.run` falls back when MEML_WORKER is unset).
     if workflow.non_local_exec:
         os.environ.pop("MEML_WORKER", None)
+        from meml.cluster import patch_slurm_plugin  # a cancelled job must end the run (see there)
+
+        patch_slurm_plugin()
         return
     _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
     if _WORKER["process"] is not None:
