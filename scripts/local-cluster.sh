@@ -186,10 +186,11 @@ start_slurm() {
   wait_for slurmdbd 60 sacctmgr -n list cluster
   # the cluster, an account and this user in it: the SLURM plugin checks `-A <account>` against
   # `sacctmgr list user`, and sacct reports jobs by association
-  sacctmgr -n list cluster format=cluster%40 | grep -qw "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
-  sacctmgr -n list account format=account%40 | grep -qw "$ACCOUNT" \
+  # (each list read whole first: `grep -q` closing the pipe early fails it under pipefail)
+  grep -qw "$CLUSTER" <<<"$(sacctmgr -n list cluster format=cluster%40)" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  grep -qw "$ACCOUNT" <<<"$(sacctmgr -n list account format=account%40)" \
     || sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description="MEML-GRPO local cluster" Organization=meml >/dev/null
-  sacctmgr -n list user "$(id -un)" format=account%40 | grep -qw "$ACCOUNT" \
+  grep -qw "$ACCOUNT" <<<"$(sacctmgr -n -s list user "$(id -un)" format=account%40)" \
     || sacctmgr -i add user "$(id -un)" Account="$ACCOUNT" Cluster="$CLUSTER" >/dev/null
   run slurmctld /usr/sbin/slurmctld -D
   wait_for slurmctld 60 scontrol ping
@@ -216,7 +217,7 @@ start_postgres() {
   wait_for postgres 60 "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT"
   export PGPASSWORD
   PGPASSWORD=$(cat "$STATE/pg.secret")
-  psql -h 127.0.0.1 -p "$PG_PORT" -U mlflow -d postgres -tAc "select 1 from pg_database where datname='mlflow'" | grep -q 1 \
+  grep -q 1 <<<"$(psql -h 127.0.0.1 -p "$PG_PORT" -U mlflow -d postgres -tAc "select 1 from pg_database where datname='mlflow'")" \
     || psql -h 127.0.0.1 -p "$PG_PORT" -U mlflow -d postgres -qc "create database mlflow" >/dev/null
 }
 
