@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,10 +171,28 @@ def _cell_faults(folder: Path, steps: int) -> Path:
     return path
 
 
-def _start_cell(folder: Path, steps: int) -> subprocess.Popen[str]:
+@pytest.fixture
+def background() -> Iterator[list[subprocess.Popen[str]]]:
+    """The Snakemake runs a test starts in the background; ended (SIGINT: Snakemake cancels its
+    SLURM jobs) if the test fails while they run."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _start_cell(folder: Path, steps: int, background: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
     """Snakemake on the MEML-GRPO cell's RL job alone, in the background."""
     cmd = _snakemake(folder, str(_cell_faults(folder, steps)), "--", f"{CELL}/DONE")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    background.append(process)
+    return process
 
 
 def _newest_step(checkpoints: Path, since: float) -> int:
@@ -217,10 +236,12 @@ def _steps_once(folder: Path, steps: int) -> None:
 
 
 @faults
-def test_scancel_of_a_running_rl_job_fails_it_and_the_rerun_resumes(dag: tuple[Path, str, float]) -> None:
+def test_scancel_of_a_running_rl_job_fails_it_and_the_rerun_resumes(
+    dag: tuple[Path, str, float], background: list[subprocess.Popen[str]]
+) -> None:
     folder, _, _ = dag
     steps = 12
-    run = _start_cell(folder, steps)
+    run = _start_cell(folder, steps, background)
     job = _wait_for_step(folder, 3)
     subprocess.run(["scancel", job], check=True)
     out, _ = run.communicate(timeout=600)
@@ -237,10 +258,12 @@ def test_scancel_of_a_running_rl_job_fails_it_and_the_rerun_resumes(dag: tuple[P
 
 
 @faults
-def test_the_node_daemon_killed_and_restarted_during_a_job(dag: tuple[Path, str, float]) -> None:
+def test_the_node_daemon_killed_and_restarted_during_a_job(
+    dag: tuple[Path, str, float], background: list[subprocess.Popen[str]]
+) -> None:
     folder, _, _ = dag
     steps = 13
-    run = _start_cell(folder, steps)
+    run = _start_cell(folder, steps, background)
     job = _wait_for_step(folder, 2)
     pid = int((STATE / "run/slurmd.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # the node daemon dies; the job's step daemon and the job live on
@@ -260,10 +283,12 @@ def test_the_node_daemon_killed_and_restarted_during_a_job(dag: tuple[Path, str,
 
 
 @faults
-def test_the_mlflow_server_down_for_a_minute_during_a_run(dag: tuple[Path, str, float]) -> None:
+def test_the_mlflow_server_down_for_a_minute_during_a_run(
+    dag: tuple[Path, str, float], background: list[subprocess.Popen[str]]
+) -> None:
     folder, _, _ = dag
     steps, outage = 14, float(os.environ.get("MEML_CLUSTER_OUTAGE_S", "60"))
-    run = _start_cell(folder, steps)
+    run = _start_cell(folder, steps, background)
     _wait_for_step(folder, 1)
     down = time.time()
     stopped = _cluster("stop", "mlflow")
