@@ -138,10 +138,14 @@ def test_every_rule_is_a_slurm_job_listed_by_sacct_with_its_rule(dag: tuple[Path
         assert (state, account, partition) == ("COMPLETED", "meml", "meml-cpu"), (job, rule)
     # the work ran inside the SLURM jobs, not in a warm worker outside them: each RL job's step
     # loaded torch and trained (hundreds of MiB resident), as a fresh process does
-    rss = {row[0]: row[1] for row in _sacct("-o", "JobIDRaw,MaxRSS", steps=True)}
-    for job, rule in submitted:
-        if rule == "rl":
-            assert _mib(rss.get(f"{job}.0", "")) > 300, (job, rss.get(f"{job}.0"))
+    steps = [f"{job}.0" for job, rule in submitted if rule == "rl"]
+    for _ in range(30):  # a step's usage reaches the accounting database a little after the job ends
+        rss = {row[0]: row[1] for row in _sacct("-o", "JobIDRaw,MaxRSS", steps=True)}
+        if all(rss.get(step) for step in steps):
+            break
+        time.sleep(2)
+    for step in steps:
+        assert _mib(rss.get(step, "")) > 300, (step, rss.get(step))
     for name in ("main", "ablation", "majority_vote", "complementarity", "sparsity"):
         assert (folder / f"report/smoke/tables/{name}.md").is_file(), name
 
