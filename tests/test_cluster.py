@@ -8,7 +8,7 @@ cannot start; a cluster already running is used and left running, one this modul
 stopped at its end. MEML_CLUSTER_OUTAGE_S sets the MLflow outage (default 60 s).
 
 MEML_CLUSTER_TESTS chooses how much runs: unset or `off`, nothing (what CI does: the cluster and
-the DAG through it took 6 min here with the node to themselves, the faults 11 more, and CI has
+the DAG through it took 3.5-6 min here with the node to themselves, the faults 11 more, and CI has
 ~8 min of room under its 25); `dag`, the cluster and the DAG through it; `all`, the faults and the
 GPU request too.
 """
