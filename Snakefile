@@ -36,6 +36,15 @@ _WORKER = {}
 onstart:
     Path(RESULTS).mkdir(parents=True, exist_ok=True)
     PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag)}))
+    # Not on a cluster (--executor slurm): jobs run on other nodes, which cannot reach this
+    # machine's socket, and on this one the worker would run them outside the scheduler's control.
+    # They start as fresh processes there (`meml.run` falls back when MEML_WORKER is unset).
+    if workflow.non_local_exec:
+        os.environ.pop("MEML_WORKER", None)
+        from meml.cluster import patch_slurm_plugin  # a cancelled job must end the run (see there)
+
+        patch_slurm_plugin()
+        return
     _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(WORKER_SOCKET)  # inherited by every local job

@@ -8,5 +8,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[dev,cluster]"
 echo "setup done: $(.venv/bin/python -c 'import torch, transformers, trl; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__)')"

@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from meml.core.tracking import Tracker, flatten, metric_name
 
 
@@ -59,3 +61,46 @@ def test_a_run_this_folder_never_wrote_or_of_other_values_is_kept_aside(tmp_path
     assert len(runs) == 3 and len(current) == 1 and len(retired) == 2
     assert current[0].data.params["report.margin"] == "1.0"
     assert (tmp_path / "b/mlflow_run_id").read_text().strip() == current[0].info.run_id
+
+
+def test_the_report_puts_the_headline_accuracy_into_the_grouped_view(tmp_path: Path) -> None:
+    """The end message's view: grouped by method, the report's headline expert and majority vote in
+    the report's checker mode as columns; a later job's ensure_experiment keeps them."""
+    import mlflow
+
+    from meml.core.tracking import ensure_experiment, log_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow_cfg = {"enabled": True, "tracking_uri": uri, "experiment": None, "artifacts": None}
+    cfg = {
+        "profile": "toy", "world": "toy", "mlflow": mlflow_cfg, "grid": {}, "report": {"headline_expert": 2},
+        "reward": {"mode": "strict"},
+    }  # fmt: skip
+    settings = {**mlflow_cfg, "experiment": "toy"}
+    experiment_id = ensure_experiment(settings)
+    view = "mlflow.sharedViewState.by-method"
+    before = json.loads(mlflow.MlflowClient().get_experiment(experiment_id).tags[view])
+    assert "selectedColumns" not in before and before["groupBy"]["groupByKeys"][0]["groupByData"] == "method"
+    log_report(cfg, tmp_path / "report-run", [])
+    ensure_experiment(settings)  # a job started after the report (a rerun) leaves the view as it is
+    after = json.loads(mlflow.MlflowClient().get_experiment(experiment_id).tags[view])
+    assert after["selectedColumns"] == ["metrics.`eval/expert2/strict`", "metrics.`eval/majority_vote/strict`"]
+    assert after["groupBy"] == before["groupBy"]
+
+
+def test_the_end_message_names_a_tracking_server_and_links_its_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meml.reporting.finish import message
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results/smoke").mkdir(parents=True)
+    (tmp_path / "results/smoke/mlflow_experiment.json").write_text('{"experiment_id": "7"}')
+    cfg = {
+        "profile": "smoke",
+        "mlflow": {"enabled": True, "tracking_uri": "http://mlflow.example:5000/", "experiment": None},
+    }
+    text = message(cfg)
+    assert "the tracking server http://mlflow.example:5000/ (experiment 'smoke')" in text
+    assert "open http://mlflow.example:5000/#/experiments/7/runs?viewStateShareKey=by-method" in text
+    assert "--backend-store-uri" not in text

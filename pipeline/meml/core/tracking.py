@@ -14,12 +14,19 @@ logged once.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError, atomic_write_text
+
+# MLflow's usage telemetry off, before any job imports mlflow: the jobs send nothing anywhere but
+# their store, and its client thread's edits of os.environ raced a request's read of it (one of 32
+# jobs logging at once failed on `'_MLFLOW_TELEMETRY_SESSION_ID'`: scripts/mlflow_concurrency.py).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
@@ -85,13 +92,36 @@ def ensure_experiment(settings: dict[str, Any]) -> str:
     # Open on the training runs (MLflow 3's UI otherwise opens a GenAI overview), and a saved view
     # of the runs table grouped by the method tag: the link the end-of-run message prints
     client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
-    client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + GROUPED_VIEW, json.dumps(GROUPED_STATE))
+    # written when missing only: the report job rewrites it with the headline columns
+    # (set_grouped_view), which a later job must not take away
+    if SHARED_VIEW_PREFIX + GROUPED_VIEW not in client.get_experiment(experiment_id).tags:
+        set_grouped_view(client, experiment_id)
     return experiment_id
 
 
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."  # how the MLflow UI (3.x) stores a shared view
 GROUPED_VIEW = "by-method"
 GROUPED_STATE = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "method"}]}}
+
+
+def headline_metrics(cfg: dict[str, Any]) -> list[str]:
+    """The metrics the tables report for a cell: the headline expert's accuracy and the majority
+    vote's, in the report's checker mode (as `log_evaluation` names them)."""
+    mode = cfg["reward"]["mode"]
+    return [f"eval/expert{cfg['report']['headline_expert']}/{mode}", f"eval/majority_vote/{mode}"]
+
+
+def grouped_state(columns: Sequence[str] = ()) -> dict[str, Any]:
+    """The grouped view's state; `columns` (metric names) become the runs table's columns, each
+    group showing its runs' mean. The UI names a column `metrics.`<name>``."""
+    state: dict[str, Any] = dict(GROUPED_STATE)
+    if columns:
+        state["selectedColumns"] = [f"metrics.`{metric_name(c)}`" for c in columns]
+    return state
+
+
+def set_grouped_view(client: Any, experiment_id: str, columns: Sequence[str] = ()) -> None:
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_PREFIX + GROUPED_VIEW, json.dumps(grouped_state(columns)))
 
 
 def grouped_view_url(experiment_id: str, host: str = "http://127.0.0.1:5000") -> str:
@@ -211,7 +241,12 @@ def log_report(cfg: dict[str, Any], folder: Path, written: list[Path]) -> None:
     )
     for path in written:
         tracker.log_artifact(path)
+    experiment_id = tracker.experiment_id
     tracker.close()
+    if experiment_id is not None:  # the end message's link: runs grouped by method, accuracy as columns
+        import mlflow
+
+        set_grouped_view(mlflow.MlflowClient(), experiment_id, headline_metrics(cfg))
 
 
 class Tracker:
@@ -232,6 +267,7 @@ class Tracker:
         self._pending: list[tuple[int, dict[str, float]]] = []
         self._mlflow: Any = None
         self.run_id: str | None = None
+        self.experiment_id: str | None = None
         settings = mlflow_settings or {}
         if settings.get("enabled"):
             self._start_mlflow(cell_key, params, settings, tags or {})
@@ -247,7 +283,7 @@ class Tracker:
     ) -> None:
         import mlflow
 
-        experiment_id = ensure_experiment(settings)
+        experiment_id = self.experiment_id = ensure_experiment(settings)
         flat = {metric_name(k): str(v)[:500] for k, v in flatten(params).items()}
         found = mlflow.search_runs(
             [experiment_id],

@@ -32,14 +32,18 @@ def message(cfg: dict[str, Any]) -> str:
         + ("" if profile == "toy" else " --configfile <your config>"),
     ]
     if cfg["mlflow"]["enabled"]:
-        lines.append(
-            f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {cfg['mlflow']['tracking_uri']} "
-            f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
-        )
+        uri = cfg["mlflow"]["tracking_uri"]
+        server = uri.startswith(("http://", "https://"))  # a tracking server: its UI is already up
+        experiment = f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
+        if server:
+            lines.append(f"  MLflow:       the tracking server {uri} {experiment}")
+        else:
+            lines.append(f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {uri} {experiment}")
         marker = Layout.of(cfg).mlflow_marker  # written by the mlflow_store rule
         if marker.is_file() and json.loads(marker.read_text()).get("experiment_id"):
-            url = grouped_view_url(json.loads(marker.read_text())["experiment_id"])
-            lines.append(f"                then open {url} (the runs grouped by method)")
+            experiment_id = json.loads(marker.read_text())["experiment_id"]
+            url = grouped_view_url(experiment_id, uri.rstrip("/")) if server else grouped_view_url(experiment_id)
+            lines.append(f"                {'' if server else 'then '}open {url} (the runs grouped by method)")
     first = headline(index)
     if first:
         lines.append(f"  Summary:      {first}")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,8 @@ def run_rl(
     run = rl_run.load(s, settings, experts, model_dir, data_dir, experts_dir, seed, precision, dist, engine)
     rl_run.start(out, params, run.steps, mlflow_settings, dist)
     first = rl_run.resume(run, out, seed, dist)
+    if first and dist.is_main:  # the job's log says so: after a cancelled or killed job, no step is redone
+        print(f"[meml] resuming {out} at step {first} of {run.steps} (its newest checkpoint)", file=sys.stderr)
     policy = run.learner.policy
     run.engine.sync_weights(policy)
     check_synced(run.engine, policy)
