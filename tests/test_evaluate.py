@@ -185,5 +185,5 @@ def test_eval_command_takes_backend_and_batch_from_config(small_world: Path, mod
     ]
     assert main(args) == 0
     report = json.loads(out.read_text())["model"]
-    assert report["backend"] == "hf" and report["questions"] == 2 and "majority_vote" not in report
+    assert report["backend"] == "kv" and report["questions"] == 2 and "majority_vote" not in report
     assert main([*args[:-2], "--set", "eval.backend=vllm", "--out", str(out)]) == 2  # no vLLM here: clear error
