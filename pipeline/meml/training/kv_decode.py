@@ -197,6 +197,8 @@ class KVEngine:
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, precision: Precision | None = None) -> None:
         _check_supported(model)
+        if next(model.parameters()).device.type != "cpu":  # its bookkeeping tensors live on the CPU
+            raise UnsupportedModel("the kv engine runs on a CPU (on a GPU: rl.engine: hf or vllm)")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
