@@ -37,9 +37,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from meml.core.precision import Precision, resolve
-from meml.core.stops import stop_tokens
-from meml.training.rollout import Completion, Sampling
+from meml.core.precision import Precision
+from meml.training.rollout import Completion, HFEngine, Sampling
 
 SUPPORTED = ("llama", "qwen2")
 COMPACT_BELOW = 0.75  # compact the batch when fewer than this share of its rows are still active
@@ -191,26 +190,15 @@ def choose(logits: Any, sampling: Sampling) -> Any:
     return (probs / race).argmax(dim=-1)
 
 
-class KVEngine:
-    """RolloutEngine over KVDecoder: samples from the policy module's own weights (no copy, so no
-    fingerprint), every prompt's copies in one batch of at most `batch_size` rows."""
+class KVEngine(HFEngine):
+    """RolloutEngine over KVDecoder: like HFEngine it samples from the policy module's own weights
+    (no copy, so no fingerprint); every prompt's copies go in one batch of at most `batch_size` rows."""
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, precision: Precision | None = None) -> None:
         _check_supported(model)
         if next(model.parameters()).device.type != "cpu":  # its bookkeeping tensors live on the CPU
             raise UnsupportedModel("the kv engine runs on a CPU (on a GPU: rl.engine: hf or vllm)")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.precision = precision or resolve("cpu")
-        self.dtype = self.precision.dtype
-        self.stops = stop_tokens(tokenizer)
-
-    def sync_weights(self, model: Any) -> None:
-        self.model = model  # same module object: nothing to copy
-
-    def fingerprint(self) -> tuple[float, float] | None:
-        return None  # samples from the policy module itself
+        super().__init__(model, tokenizer, batch_size, precision)  # the policy module, its stop tokens
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
