@@ -12,6 +12,7 @@ from scripted import ScriptedEngine, scripted_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.core.config import load_config
+from meml.core.environment import weights_sha256
 from meml.core.io import DataError
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS
@@ -97,6 +98,9 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
     assert lines[0]["hsft/flushes"] + lines[1]["hsft/flushes"] >= 1  # capacity 2, 4 hard offers a step
     assert any(m["loss/sft"] > 0 for m in lines)
     assert (tmp_path / "DONE").is_file() and (tmp_path / "model/config.json").is_file()
+    environment = json.loads((tmp_path / "DONE").read_text())["environment"]
+    assert environment["start_weights_sha256"] == weights_sha256(base_model)
+    assert environment["threads"] == torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,7 @@ def sft_model(small_world: Path, base_model: Path, tmp_path_factory: pytest.Temp
     settings = dict(CONFIG["sft"], epochs=1, max_length=384, batch_size=16)
     summary = run_sft(base_model, small_world / "data/gsm8k", small_world / "experts/gsm8k", out, [0, 1, 2], settings)
     assert summary["examples"] == 180 and summary["loss_curve"][-1] < summary["loss_curve"][0]
+    assert summary["environment"]["start_weights_sha256"] == weights_sha256(base_model)
     return out / "model"
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
+from meml.core.environment import weights_sha256
+
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -106,6 +108,12 @@ def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> 
     view = json.loads(experiment.tags["mlflow.sharedViewState.by-method"])  # the end message's grouped link
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
     assert run.data.params["cell.method"] == "MEML-GRPO" and run.data.params["rl.steps"] == "2"
+    # what the numbers depend on besides the config: the same record as the cell's DONE
+    done_env = json.loads((cell / "DONE").read_text())["environment"]
+    sft_model = smoke_run / "results/smoke/sft/qwen2/strategyqa/e0-e1-e2/model"
+    assert done_env["start_weights_sha256"] == weights_sha256(sft_model)
+    for key in ("cpu", "threads", "torch", "transformers", "start_weights_sha256"):
+        assert run.data.params[f"environment.{key}"] == str(done_env[key])
 
 
 def test_changing_one_method_reruns_only_its_cells(smoke_run: Path) -> None:

@@ -13,8 +13,8 @@ forward is a few hundred kFLOP a row. This loop does only the arithmetic:
               projection, RMSNorm, fused gate/up, SiLU, down), final norm, logits of the last
               position only
     sample    greedy: argmax. Otherwise temperature, top-p as transformers does it, and one draw
-              per row by the exponential race (argmax of p / E, E ~ Exp(1), which picks token i
-              with probability p_i), from torch's global generator (seeded, resumable)
+              per row by the inverse cumulative distribution (one uniform a row), from torch's
+              global generator (seeded, resumable)
     leave     a row that samples a stop token (stops.py) is done; done rows keep riding in the
               batch until they are a quarter of it, then the batch and its cache are compacted
 
@@ -180,14 +180,22 @@ def top_p_filter(logits: Any, top_p: float) -> Any:
 
 def choose(logits: Any, sampling: Sampling) -> Any:
     """One token per row of logits (B, V): argmax when greedy, else a draw from softmax(logits / T)
-    after top-p, by the exponential race (its argmax is a sample of the distribution)."""
+    after top-p, by the inverse of its cumulative distribution: one uniform u per row, the first
+    token whose cumulative probability exceeds u * total. A token of probability 0 (cut by top-p)
+    never exceeds the sum before it, so it is never drawn. One random number a row, where an
+    exponential race (or torch.multinomial) draws one per vocabulary entry: on this machine 0.46 ms
+    against 5.2 ms a step for 64 rows x 1,081 tokens (scripts/bench_engine.py's batch)."""
     import torch
 
     if sampling.greedy:
         return logits.argmax(dim=-1)
     probs = top_p_filter(logits / sampling.temperature, sampling.top_p).softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_()
-    return (probs / race).argmax(dim=-1)
+    cumulative = probs.cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    # u in [0, 1) times the total can round up to the total itself; stay just below it
+    u = torch.minimum(torch.rand(total.shape, dtype=total.dtype, device=total.device) * total,
+                      torch.nextafter(total, torch.zeros_like(total)))  # fmt: skip
+    return torch.searchsorted(cumulative, u, right=True).squeeze(1)
 
 
 class KVEngine(HFEngine):

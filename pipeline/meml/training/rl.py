@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.answers import RewardConfig
+from meml.core.environment import environment_record
 from meml.core.io import locked
 from meml.core.precision import Precision, resolve
 from meml.core.records import Record
@@ -145,11 +146,11 @@ def run_rl(
     policy = run.learner.policy
     run.engine.sync_weights(policy)
     check_synced(run.engine, policy)
-    tracker = (
-        Tracker(out, cell_key or method.name, mlflow_params or params or {}, mlflow_settings, first, tags=mlflow_tags)
-        if dist.is_main
-        else None
-    )
+    environment = environment_record(model_dir, precision.device)  # DONE and MLflow params: core/environment.py
+    logged = {**(mlflow_params or params or {}), "environment": environment}
+    tracker = None
+    if dist.is_main:
+        tracker = Tracker(out, cell_key or method.name, logged, mlflow_settings, first, tags=mlflow_tags)
 
     def sample(batch: list[Record]) -> Groups:  # rollouts of every RL expert, scored  (Qp, E, R)
         return sample_groups(run.engine, run.tokenizer, batch, experts, counts, s.sampling, prompts, reward_config)
@@ -190,4 +191,4 @@ def run_rl(
                 tracker.close("KILLED")
             raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
 
-    return rl_run.finish(run, out, method.name, precision, dist, tracker)
+    return rl_run.finish(run, out, method.name, precision, dist, tracker, environment)

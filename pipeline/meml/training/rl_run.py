@@ -171,7 +171,13 @@ def save(run: Loaded, out: Path, done_steps: int, dist: Dist, tracker: Tracker |
 
 
 def finish(
-    run: Loaded, out: Path, method: str, precision: Precision, dist: Dist, tracker: Tracker | None
+    run: Loaded,
+    out: Path,
+    method: str,
+    precision: Precision,
+    dist: Dist,
+    tracker: Tracker | None,
+    environment: dict[str, Any],
 ) -> dict[str, Any]:
     """The final model and the run's summary in DONE, written last."""
     if dist.is_main:
@@ -190,6 +196,7 @@ def finish(
             "reward_first": lines[0]["reward/mean"] if lines else None,
             "reward_last": lines[-1]["reward/mean"] if lines else None,
             "mlflow_run_id": tracker.run_id,
+            "environment": environment,
         }
         tracker.log_artifact(out / "metrics.jsonl")
         tracker.log_artifact(out / "cell.json")  # the values that define the cell

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.attention import attention_kwargs
+from meml.core.environment import environment_record
 from meml.core.io import DataError, atomic_write_json, locked
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
@@ -157,6 +158,7 @@ def run_sft(
         **device_settings(precision),
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    environment = environment_record(model_dir, precision.device)  # what the numbers depend on besides the config
     started = time.time()
     result = trainer.train()
     summary = {
@@ -168,6 +170,7 @@ def run_sft(
         "steps": int(result.global_step),
         "seconds": round(time.time() - started, 1),
         "loss_curve": [round(float(h["loss"]), 4) for h in trainer.state.log_history if "loss" in h],
+        "environment": environment,
     }
     from meml.data.tiny_models import save_atomically
 
