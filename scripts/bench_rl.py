@@ -1,24 +1,35 @@
 """Benchmark of the RL step, measured side by side in one run (ratios, not absolute times).
 
-    .venv/bin/python scripts/bench_rl.py --model results/toy/sft/qwen2/gsm8k/e0-e1-e2/model \
-        --data results/toy/toy/data/gsm8k --experts results/toy/toy/experts/gsm8k
+    .venv/bin/python scripts/bench_rl.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/model \
+        --data results/toy-study/toy/data/gsm8k --experts results/toy-study/toy/experts/gsm8k \
+        [--against /path/to/an/older/checkout]
 
-Four runs on the same model, data, G = 8, eight questions a step and the same completion limit:
+Runs on the same model, data, G = 8, eight questions a step and the same completion limit:
     grpo   our loop, Expert1-SFT-GRPO switches (one expert, 8 rollouts)
     moe    our loop, MoE-SFT-GRPO switches (three experts 3/3/2; the same rollouts as MEML)
     meml   our loop, MEML-GRPO switches (three experts 3/3/2, IML and HSFT on)
     trl    trl's GRPOTrainer (expert 1's prompt, 8 generations, beta 0)
+    then   with --against: grpo and meml again, on another checkout's code (its pipeline/ on
+           PYTHONPATH, its own default config: for example commit a588599 in a git worktree)
 MEML/MoE isolates the cost of IML and HSFT (same prompts, same rollouts); MEML/GRPO is the
 issue's ratio at the same total number of rollouts, but its experts write shorter completions.
-Each runs in its own process (so peak memory is its own); the order is repeated `--rounds` times
-and the median step time is kept. The first step of each run is a warm-up and is not counted.
-Prints the step-time ratios and the peak resident memory of each.
+Each runs in its own process (so peak memory is its own) on `--threads` threads (1: what a DAG
+job gets); the order is repeated `--rounds` times and the median step time is kept. The first step
+of each run is a warm-up and is not counted. Prints the step-time ratios and the peak resident
+memory of each.
+
+The roofline: one more MEML-GRPO step runs under torch's FlopCounterMode, which counts the FLOPs of
+every matrix product (rollouts, scoring, IML, HSFT, backward; attention through SDPA on a CPU is
+not counted, a few percent at this size); divided by the median MEML step time, that is the rate
+the step reaches, beside this machine's matrix throughput measured in the same process (a 1024 x
+1024 float32 product on the same threads): how far the step is from the arithmetic limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -32,12 +43,14 @@ from typing import Any
 def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from meml.core.config import load_config
 
     cfg = load_config()
     steps = args.steps + 1
-    if kind in ("grpo", "moe", "meml"):
+    if kind in ("grpo", "moe", "meml", "then-grpo", "then-meml"):
+        kind = kind.removeprefix("then-")
         from meml.training.rl import Method, run_rl
 
         name = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}[kind]
@@ -68,10 +81,38 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             "hsft_flushes": rows[-1]["hsft/flushes"],
             "completion_tokens_mean": statistics.mean(r["completion/length_mean"] for r in rows),
         }
+    elif kind == "flops":
+        return _measure_flops(args)
     else:
         times, extra = _measure_trl(args, steps)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"kind": kind, "step_seconds": times, "peak_rss_mb": round(peak_mb, 1), **extra}
+
+
+def _measure_flops(args: argparse.Namespace) -> dict[str, Any]:
+    """FLOPs of one MEML-GRPO step (FlopCounterMode) and the machine's matrix throughput."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from meml.core.config import load_config
+    from meml.training.rl import Method, run_rl
+
+    cfg = load_config()
+    settings = dict(cfg["rl"], steps=1, questions_per_step=8, group_size=8, max_new_tokens=args.tokens,
+                    max_truncated_share=1.0, checkpoint_every=10_000)  # fmt: skip
+    settings["buffer"] = dict(settings["buffer"], capacity=args.buffer)
+    counter = FlopCounterMode(display=False)
+    with tempfile.TemporaryDirectory() as out, counter:
+        run_rl(settings, Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"]), args.model, args.data,
+               args.experts, out, progress=False)  # fmt: skip
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):  # warm-up
+        a @ b
+    rounds, started = 20, time.perf_counter()
+    for _ in range(rounds):
+        a @ b
+    matmul = 2 * 1024**3 * rounds / (time.perf_counter() - started)
+    return {"kind": "flops", "step_flops": counter.get_total_flops(), "matmul_flops_per_second": matmul}
 
 
 def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dict[str, Any]]:
@@ -134,6 +175,19 @@ def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dic
     return times[1:], {}
 
 
+def _run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in a fresh process (`then-*`: on the --against checkout's code)."""
+    env = dict(os.environ)
+    if kind.startswith("then-"):
+        env["PYTHONPATH"] = str(Path(args.against).resolve() / "pipeline")
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--only", kind]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_rl: the {kind} run failed:\n{done.stderr[-3000:]}")
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return dict(json.loads(line[len("RESULT ") :]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an SFT'd model folder (MEF on E0+E1+E2)")
@@ -143,38 +197,54 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="max completion tokens")
     parser.add_argument("--buffer", type=int, default=16, help="HSFT buffer capacity (small so that it flushes)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--only", choices=["grpo", "moe", "meml", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (a DAG job has 1)")
+    parser.add_argument("--against", help="another checkout (its pipeline/ on PYTHONPATH) whose grpo and meml run too")
+    parser.add_argument("--only", choices=["grpo", "moe", "meml", "trl", "then-grpo", "then-meml", "flops"],
+                        help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
     if args.only:
         print("RESULT " + json.dumps(measure(args.only, args)))
         return
-    results: dict[str, list[dict[str, Any]]] = {"grpo": [], "moe": [], "meml": [], "trl": []}
+    kinds = ["grpo", "moe", "meml", "trl"] + (["then-grpo", "then-meml"] if args.against else [])
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for _ in range(args.rounds):
-        for kind in results:
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--only", kind]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-            results[kind].append(json.loads(line[len("RESULT ") :]))
+        for kind in kinds:
+            results[kind].append(_run(kind, args))
+    flops = _run("flops", args)
     median = {k: statistics.median(t for r in v for t in r["step_seconds"]) for k, v in results.items()}
     peak = {k: max(r["peak_rss_mb"] for r in v) for k, v in results.items()}
-    summary = {
+    reached = flops["step_flops"] / median["meml"]
+    summary: dict[str, Any] = {
         "median_step_seconds": {k: round(v, 3) for k, v in median.items()},
         "meml_over_grpo": round(median["meml"] / median["grpo"], 3),
         "meml_over_moe": round(median["meml"] / median["moe"], 3),
-        "ours_over_trl": round(median["grpo"] / median["trl"], 3),
+        "trl_over_ours": round(median["trl"] / median["grpo"], 3),
         "peak_rss_mb": peak,
         "meml_iml_pairs_per_step": results["meml"][0]["iml_pairs_per_step"],
         "meml_hsft_flushes": results["meml"][0]["hsft_flushes"],
-        "completion_tokens_mean": {k: results[k][0].get("completion_tokens_mean") for k in ("grpo", "moe", "meml")},
+        "completion_tokens_mean": {k: r[0].get("completion_tokens_mean") for k, r in results.items() if k != "trl"},
+        "roofline": {
+            "meml_step_gflop": round(flops["step_flops"] / 1e9, 3),
+            "reached_gflop_per_second": round(reached / 1e9, 2),
+            "machine_matmul_gflop_per_second": round(flops["matmul_flops_per_second"] / 1e9, 2),
+            "share_of_matmul_throughput": round(reached / flops["matmul_flops_per_second"], 4),
+        },
         "settings": {
             "questions_per_step": 8,
             "group_size": 8,
             "max_new_tokens": args.tokens,
             "steps": args.steps,
             "rounds": args.rounds,
+            "threads": args.threads,
         },
     }
+    if args.against:
+        summary["against"] = args.against
+        summary["then_over_now"] = {
+            "grpo": round(median["then-grpo"] / median["grpo"], 3),
+            "meml": round(median["then-meml"] / median["meml"], 3),
+        }
     print(json.dumps(summary, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -122,7 +122,8 @@ class KVDecoder:
         import torch
 
         positions = torch.arange(length, device=self.embed.device)[None]
-        cos, sin = self.rotary(self.embed[:1][None], positions)
+        like = torch.zeros((1, 1, 1), dtype=self.dtype, device=self.embed.device)  # it reads dtype and device only
+        cos, sin = self.rotary(like, positions)
         return cos[0], sin[0]
 
     def forward(self, x: Any, cos: Any, sin: Any, cache: list[tuple[Any, Any]], column: int, mask: Any) -> Any:
