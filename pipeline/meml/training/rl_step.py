@@ -1,9 +1,10 @@
 """Steps 4-7 of the RL loop: from scored rollouts to an optimiser step.
 
 4. advantages inside each (question, expert) subgroup, the rollouts flattened to N sequences
-5. IML: the pairs' prompts under the best and the worst expert, with the best's rollout
+5. IML: the pairs' prompts under the worst expert, with the best's rollout
 6. HSFT: the experts' failures offered to the buffer; a full buffer becomes an SFT batch
-7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
+7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, every
+   row that takes a gradient scored in one call (scoring.py: each distinct prompt once)
 """
 
 from __future__ import annotations
@@ -25,86 +26,7 @@ from meml.training.groups import Groups
 from meml.training.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from meml.training.rl_settings import RLSettings
 from meml.training.rollout import prompt_ids
-
-# Rows per forward pass in completion_logprobs. One pass over a whole batch pads every row to the
-# longest and computes full-vocabulary logits at every prompt and padding position, which only the
-# completion positions need. Measured on the toy study's MEF model, 64 rows (prompts
-# 60-90 tokens, completions 15-192), forward and backward: one pass 4.1-4.3 s; 32 rows a pass 2.6 s,
-# 16 rows 1.7 s, 8 rows 1.5 s (docs/grid.md, "The toy study").
-LOGPROB_ROWS = 8
-
-
-def completion_logprobs(
-    model: Any,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad: int,
-    with_entropy: bool = False,
-    rows_per_pass: int = LOGPROB_ROWS,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per-token log p of each completion given its prompt.
-
-    Returns logp (N, T), mask (N, T) and, if asked, the entropy of each predicted token (N, T), in
-    the rows' own order. Inside, rows are sorted by length and scored `rows_per_pass` at a time,
-    each pass right-padded to its longest row and computing logits only from its shortest prompt
-    on (`logits_to_keep`): the values of one pass over everything to float32 rounding (not bit for
-    bit: the matrix shapes differ), with less padding.
-    """
-    n, t_max = len(prompts), max(len(c) for c in completions)
-    device = next(model.parameters()).device
-    order = sorted(range(n), key=lambda row: len(prompts[row]) + len(completions[row]))
-    parts: list[tuple[list[int], Tensor, Tensor | None]] = []
-    for start in range(0, n, rows_per_pass):
-        rows = order[start : start + rows_per_pass]
-        logp, entropy = _chunk_logprobs(model, [prompts[r] for r in rows], [completions[r] for r in rows], pad,
-                                        t_max, with_entropy, device)  # fmt: skip
-        parts.append((rows, logp, entropy))
-    back = torch.empty(n, dtype=torch.long)  # the position of each row in the sorted order
-    back[torch.tensor([r for rows, _, _ in parts for r in rows])] = torch.arange(n)
-    back = back.to(device)
-    logp = torch.cat([lp for _, lp, _ in parts])[back]
-    entropy = torch.cat([e for _, _, e in parts if e is not None])[back] if with_entropy else None
-    mask = torch.zeros((n, t_max), dtype=torch.bool)
-    for row, c in enumerate(completions):
-        mask[row, : len(c)] = True
-    return logp, mask.to(device), entropy
-
-
-def _chunk_logprobs(
-    model: Any,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad: int,
-    t_max: int,
-    with_entropy: bool,
-    device: Any,
-) -> tuple[Tensor, Tensor | None]:
-    """One right-padded forward pass over a few rows -> logp (n, t_max), entropy (n, t_max) or None,
-    zero past each completion."""
-    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    t_pass = max(len(c) for c in completions)  # this pass's longest completion; zeros fill up to t_max
-    # the logits at position i predict token i + 1: completion token j sits at len(p) + j, so only
-    # the positions from the shortest prompt's last token on are needed
-    first = min(len(p) for p in prompts) - 1
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    index = torch.zeros((len(prompts), t_pass), dtype=torch.long)
-    targets = torch.zeros((len(prompts), t_pass), dtype=torch.long)
-    mask = torch.zeros((len(prompts), t_pass), dtype=torch.bool)
-    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-        attention[row, : len(p) + len(c)] = 1
-        index[row, : len(c)] = torch.arange(len(p) - 1 - first, len(p) - 1 - first + len(c))
-        targets[row, : len(c)] = torch.tensor(c)
-        mask[row, : len(c)] = True
-    keep = width - first
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=keep).logits.float()
-    picked = logits.gather(1, index.to(device)[..., None].expand(-1, -1, logits.shape[-1]))  # (n, T, V)
-    log_probs = torch.log_softmax(picked, dim=-1)
-    logp = log_probs.gather(-1, targets.to(device)[..., None]).squeeze(-1) * mask.to(device)
-    entropy = -(log_probs.exp() * log_probs).sum(-1) * mask.to(device) if with_entropy else None
-    fill = (0, t_max - t_pass)
-    return torch.nn.functional.pad(logp, fill), None if entropy is None else torch.nn.functional.pad(entropy, fill)
+from meml.training.scoring import completion_logprobs
 
 
 @dataclass(frozen=True)
@@ -133,10 +55,10 @@ def advantages_step(groups: Groups, counts: list[int], advantage: str, end_of_tu
 
 @dataclass(frozen=True)
 class IMLBatch:
-    """Step 5's output: for each pair, the best expert's rollout under both experts' prompts."""
+    """Step 5's output: for each pair, the worst expert's prompt and the best expert's rollout (its
+    score under the best expert's own prompt is its row of the policy pass)."""
 
     pairs: list[Any]
-    strong: list[list[int]] = field(default_factory=list)  # the prompt under the best expert
     weak: list[list[int]] = field(default_factory=list)  # the same question under the worst
     tokens: list[list[int]] = field(default_factory=list)  # O+, a correct rollout of the best
 
@@ -148,7 +70,6 @@ def iml_step(groups: Groups, enabled: bool, tie_break: random.Random) -> IMLBatc
     pairs = iml_pairs(groups.rewards, groups.correct, groups.valid, tie_break)
     return IMLBatch(
         pairs,
-        [groups.prompt[p.question][p.best] for p in pairs],
         [groups.prompt[p.question][p.worst] for p in pairs],
         [groups.completions[p.question][p.best][p.rollout].token_ids for p in pairs],
     )
@@ -226,9 +147,21 @@ def update_step(
         if learner.reference is not None:
             ref_logp, _, _ = completion_logprobs(learner.reference, seqs.prompts, seqs.completions, pad)
     stats: dict[str, float] = {}
+    n = len(seqs.prompts)
+    strong_rows = [seqs.cells.index((p.question, p.best, p.rollout)) for p in iml.pairs]  # O+ is a policy row
     for update in range(s.updates_per_batch):
         with precision.autocast():
-            logp, mask, entropy = completion_logprobs(policy, seqs.prompts, seqs.completions, pad, with_entropy=True)
+            # one scoring call for every row that takes a gradient: the policy's rollouts, then
+            # O+ under the worst expert's prompt (IML), then the drained buffer (HSFT, first update
+            # only); each distinct prompt runs once (scoring.py)
+            with_sft = bool(sft.prompts) and update == 0 and s.buffer.update == "joint"
+            prompts = seqs.prompts + iml.weak + (sft.prompts if with_sft else [])
+            targets = seqs.completions + iml.tokens + (sft.targets if with_sft else [])
+            all_logp, all_mask, all_entropy = completion_logprobs(policy, prompts, targets, pad, with_entropy=True)
+            t_policy = max(len(c) for c in seqs.completions)
+            logp, mask = all_logp[:n, :t_policy], all_mask[:n, :t_policy]
+            assert all_entropy is not None
+            entropy = all_entropy[:n, :t_policy]
             pl = policy_loss(
                 logp,
                 logp.detach() if old_logp is None else old_logp,
@@ -243,15 +176,21 @@ def update_step(
             loss = pl.loss
             l_iml = torch.zeros((), device=loss.device)
             if iml.pairs:
-                with torch.no_grad():  # L_IML stops the strong side's gradient: no graph for it
-                    strong, iml_mask, _ = completion_logprobs(policy, iml.strong, iml.tokens, pad)
-                weak, _, _ = completion_logprobs(policy, iml.weak, iml.tokens, pad)
+                # the strong side, log p(O+ | Q, P_best), is O+'s own row of the policy pass (the
+                # same weights; the loss stops its gradient)
+                m = len(iml.pairs)
+                weak, iml_mask = all_logp[n : n + m], all_mask[n : n + m]
+                strong = torch.zeros_like(weak)
+                for i, row in enumerate(strong_rows):
+                    length = len(iml.tokens[i])
+                    assert seqs.completions[row] == iml.tokens[i]  # the same tokens, scored under P_best
+                    strong[i, :length] = all_logp[row, :length]
                 l_iml = iml_loss(strong, weak, iml_mask)
                 loss = loss + s.lambda_iml * l_iml
             l_sft = torch.zeros((), device=loss.device)
-            if sft.prompts and update == 0 and s.buffer.update == "joint":
-                sft_logp, sft_mask, _ = completion_logprobs(policy, sft.prompts, sft.targets, pad)
-                l_sft = sft_loss(sft_logp, sft_mask)
+            if with_sft:
+                start = n + len(iml.pairs)
+                l_sft = sft_loss(all_logp[start:], all_mask[start:])
                 loss = loss + s.lambda_sft * l_sft
         learner.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,130 @@
+"""Per-token log-probabilities of completions given their prompts: the scoring passes of the RL
+update (policy, IML, HSFT, the old and reference policies), with each distinct prompt run once.
+
+Why: in an RL batch every prompt is shared by all the rollouts of its (question, expert) subgroup
+(3/3/2 of them with G = 8 split among three experts), and prompts are about half of a batch's
+tokens (toy study: 5,064 prompt and 5,175 completion tokens in 64 rollouts). Scoring each row as
+prompt + completion runs each prompt 2-3 times, forward and backward. Here:
+
+    1. prompt pass   the P distinct prompts, right-padded, one pass through the decoder
+                     -> their keys and values at every layer, and the logits at each prompt's last
+                        token, which predict each completion's first token
+    2. completion    rows sorted by completion length, `rows_per_pass` at a time: each row's
+       passes        completion minus its last token, right-padded, attending to its own prompt's
+                     keys and values (gathered from pass 1: the gradient flows back into pass 1
+                     once per row) -> logits predicting completion tokens 1..len-1
+
+The arithmetic is the model's own forward (transformers' layers, cache and masks), so the values
+equal one unpadded pass per row to float32 rounding (tests/test_scoring.py: log-probs, entropies
+and gradients). Padding costs little: prompts of one batch differ by a few tokens, and rows of
+similar completion length share a pass. Models are any transformers causal LM with a decoder
+(`get_decoder`) and an output embedding (`get_output_embeddings`); the cache must be transformers'
+DynamicCache (full attention: the Llama family, Qwen2, SmolLM2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Completion rows per pass (after the shared prompt pass). Measured on the toy study's MEF model,
+# 64 rollouts of one RL step, forward and backward on one thread: see docs/training.md.
+ROWS_PER_PASS = 8
+
+
+def completion_logprobs(
+    model: Any,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad: int,
+    with_entropy: bool = False,
+    rows_per_pass: int = ROWS_PER_PASS,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-token log p of each completion given its prompt, in the rows' own order.
+
+    Returns logp (N, T), mask (N, T) and, if asked, the entropy of each predicted token's
+    distribution (N, T); T = the longest completion, zeros past each row's end. Completions must
+    not be empty (the loop scores an empty one as its end-of-turn token)."""
+    from transformers import DynamicCache
+
+    n = len(prompts)
+    if any(not c for c in completions):
+        raise ValueError("completion_logprobs: every completion needs at least one token")
+    t_max = max(len(c) for c in completions)
+    device = next(model.parameters()).device
+
+    # 1. the distinct prompts, right-padded, once
+    distinct: dict[tuple[int, ...], int] = {}
+    which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # row -> its prompt
+    unique = list(distinct)
+    lengths = torch.tensor([len(p) for p in unique])
+    width = int(lengths.max())
+    ids = torch.full((len(unique), width), pad, dtype=torch.long)
+    seen = torch.zeros((len(unique), width), dtype=torch.long)
+    for i, p in enumerate(unique):
+        ids[i, : len(p)] = torch.tensor(p)
+        seen[i, : len(p)] = 1
+    ids, seen, lengths = ids.to(device), seen.to(device), lengths.to(device)
+    out = model.get_decoder()(input_ids=ids, attention_mask=seen, use_cache=True)
+    last = out.last_hidden_state[torch.arange(len(unique), device=device), lengths - 1]  # (P, hidden)
+    first_logits = model.get_output_embeddings()(last).float()  # (P, V): predicts completion token 0
+    cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # (P, Hkv, W, D) each
+
+    rows_of = torch.tensor(which, device=device)
+    first_log_probs = torch.log_softmax(first_logits, dim=-1)[rows_of]  # (N, V)
+    first_tokens = torch.tensor([c[0] for c in completions], device=device)
+    first_logp = first_log_probs.gather(1, first_tokens[:, None])  # (N, 1)
+    first_entropy = -(first_log_probs.exp() * first_log_probs).sum(-1, keepdim=True) if with_entropy else None
+
+    # 2. the rest of each completion, rows of similar length together
+    order = sorted(range(n), key=lambda row: len(completions[row]))
+    rest_logp: list[Tensor] = []
+    rest_entropy: list[Tensor] = []
+    for start in range(0, n, rows_per_pass):
+        rows = order[start : start + rows_per_pass]
+        t_pass = max(len(completions[r]) for r in rows) - 1  # tokens fed: each completion minus its last
+        if t_pass == 0:  # one-token completions only: all scored by the prompt pass
+            rest_logp.append(torch.zeros((len(rows), t_max - 1), device=device))
+            rest_entropy.append(torch.zeros((len(rows), t_max - 1), device=device))
+            continue
+        index = rows_of[rows]
+        past = DynamicCache(ddp_cache_data=[(k.index_select(0, index), v.index_select(0, index)) for k, v in cache])
+        fed = torch.full((len(rows), t_pass), pad, dtype=torch.long)
+        targets = torch.zeros((len(rows), t_pass), dtype=torch.long)
+        valid = torch.zeros((len(rows), t_pass), dtype=torch.long)
+        for i, r in enumerate(rows):
+            c = completions[r]
+            fed[i, : len(c) - 1] = torch.tensor(c[:-1])
+            targets[i, : len(c) - 1] = torch.tensor(c[1:])
+            valid[i, : len(c) - 1] = 1
+        fed, targets, valid = fed.to(device), targets.to(device), valid.to(device)
+        logits = model(
+            input_ids=fed,
+            attention_mask=torch.cat([seen[index], valid], dim=1),  # own prompt, then own tokens
+            position_ids=lengths[index][:, None] + torch.arange(t_pass, device=device),
+            past_key_values=past,
+            cache_position=torch.arange(width, width + t_pass, device=device),
+            use_cache=True,
+        ).logits.float()  # (r, t_pass, V)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        fill = (0, t_max - 1 - t_pass)
+        picked = log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid
+        rest_logp.append(torch.nn.functional.pad(picked, fill))
+        if with_entropy:
+            spread = -(log_probs.exp() * log_probs).sum(-1) * valid
+            rest_entropy.append(torch.nn.functional.pad(spread, fill))
+
+    back = torch.empty(n, dtype=torch.long)  # the position of each row in the sorted order
+    back[torch.tensor(order)] = torch.arange(n)
+    back = back.to(device)
+    logp = torch.cat([first_logp, torch.cat(rest_logp)[back]], dim=1)
+    entropy = None
+    if with_entropy:
+        assert first_entropy is not None
+        entropy = torch.cat([first_entropy, torch.cat(rest_entropy)[back]], dim=1)
+    mask = torch.zeros((n, t_max), dtype=torch.bool)
+    for row, c in enumerate(completions):
+        mask[row, : len(c)] = True
+    return logp, mask.to(device), entropy
