@@ -168,3 +168,28 @@ def test_an_unsupported_model_is_refused_by_name() -> None:
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(UnsupportedModel, match=r"not 'gpt2'.*rl\.engine: hf"):
         KVEngine(model, None)
+
+
+def test_rms_norm_and_decode_attention_match_transformers() -> None:
+    """The fused RMSNorm equals transformers' bit for bit; the grouped decode attention equals SDPA
+    with shared key/value heads under a padding mask to float32 rounding."""
+    import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64))
+        for shape in [(7, 1, 64), (1, 13, 64), (5, 64)]:
+            x = torch.randn(shape) * 3
+            assert torch.equal(kv_decode.rms_norm(x, norm.weight, 1e-6), norm(x))
+    b, heads, kv_heads, d, s = 6, 4, 2, 16, 29
+    q, keys, values = torch.randn(b, heads, 1, d), torch.randn(b, kv_heads, s, d), torch.randn(b, kv_heads, s, d)
+    mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    for row in range(b):
+        mask[row, ..., : 2 * row] = False  # left padding of 0-10 columns
+    bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+    want = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=d**-0.5, enable_gqa=True)
+    got = kv_decode.decode_attention(q, keys, values, bias, d**-0.5)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(got, kv_decode.decode_attention(q, keys, values, torch.zeros_like(bias), d**-0.5))
