@@ -29,7 +29,9 @@ def jobs(folder: Path) -> dict[int, tuple[str, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=".", help="the folder snakemake ran in (holds .snakemake/)")
-    records = jobs(Path(parser.parse_args().dir))
+    parser.add_argument("--since", type=float, default=0.0, help="only jobs started at or after this Unix time")
+    args = parser.parse_args()
+    records = {k: v for k, v in jobs(Path(args.dir)).items() if v[1] >= args.since}
     if not records:
         raise SystemExit("no finished jobs recorded in .snakemake/metadata")
     by_rule: dict[str, list[float]] = defaultdict(list)
