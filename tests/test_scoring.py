@@ -140,3 +140,23 @@ def test_iml_strong_side_from_the_policy_pass_equals_its_own_pass(models: dict[s
     model.zero_grad()
     strong_only = iml_loss(strong, logp[n : n + 1].detach(), mask[n : n + 1])
     assert not strong_only.requires_grad
+
+
+def test_a_policy_under_gradient_checkpointing_is_scored_whole(models: dict[str, Path]) -> None:
+    """transformers' layers drop the cache under gradient checkpointing in training mode (the GPU
+    default), which would leave the completions without their prompts: such a policy is scored
+    prompt + completion per row, with the same values and gradients."""
+    prompts, completions = _rows(4)
+    model = AutoModelForCausalLM.from_pretrained(models["llama"]).train()
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.is_gradient_checkpointing
+    logp, mask, entropy = completion_logprobs(model, prompts, completions, pad=0, with_entropy=True, rows_per_pass=3)
+    assert entropy is not None
+    want_logp, want_entropy = _reference(model, prompts, completions)
+    for row, c in enumerate(completions):
+        assert torch.allclose(logp[row, : len(c)], want_logp[row], atol=1e-5)
+        assert torch.allclose(entropy[row, : len(c)], want_entropy[row], atol=1e-5)
+        assert mask[row].sum() == len(c) and not logp[row, len(c) :].any()
+    logp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

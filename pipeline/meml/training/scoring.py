@@ -20,6 +20,10 @@ and gradients). Padding costs little: prompts of one batch differ by a few token
 similar completion length share a pass. Models are any transformers causal LM with a decoder
 (`get_decoder`) and an output embedding (`get_output_embeddings`); the cache must be transformers'
 DynamicCache (full attention: the Llama family, Qwen2, SmolLM2).
+
+Under gradient checkpointing (the GPU default with bf16) transformers' layers drop the cache in
+training mode, so a policy in that state is scored the plain way instead: each row's prompt and
+completion as one sequence, rows of similar length right-padded together (`whole_rows`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def completion_logprobs(
         raise ValueError("completion_logprobs: every completion needs at least one token")
     t_max = max(len(c) for c in completions)
     device = next(model.parameters()).device
+    if model.training and getattr(model, "is_gradient_checkpointing", False):
+        return whole_rows(model, prompts, completions, pad, with_entropy, rows_per_pass)
 
     # 1. the distinct prompts, right-padded, once
     distinct: dict[tuple[int, ...], int] = {}
@@ -128,3 +134,51 @@ def completion_logprobs(
     for row, c in enumerate(completions):
         mask[row, : len(c)] = True
     return logp, mask.to(device), entropy
+
+
+def whole_rows(
+    model: Any,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad: int,
+    with_entropy: bool = False,
+    rows_per_pass: int = ROWS_PER_PASS,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The same values without a shared prompt pass: each row is prompt + completion, rows sorted by
+    length and right-padded `rows_per_pass` at a time; logits only from each pass's shortest prompt
+    on, and the completion token j of a row is scored by the logits at len(prompt) + j - 1."""
+    n, t_max = len(prompts), max(len(c) for c in completions)
+    device = next(model.parameters()).device
+    order = sorted(range(n), key=lambda row: len(prompts[row]) + len(completions[row]))
+    logps: list[Tensor] = []
+    entropies: list[Tensor] = []
+    for start in range(0, n, rows_per_pass):
+        rows = order[start : start + rows_per_pass]
+        width = max(len(prompts[r]) + len(completions[r]) for r in rows)
+        first = min(len(prompts[r]) for r in rows) - 1  # the first position whose logits are needed
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        seen = torch.zeros((len(rows), width), dtype=torch.long)
+        index = torch.zeros((len(rows), t_max), dtype=torch.long)  # position (from `first`) scoring token j
+        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
+        valid = torch.zeros((len(rows), t_max), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            p, c = prompts[r], completions[r]
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            seen[i, : len(p) + len(c)] = 1
+            index[i, : len(c)] = torch.arange(len(p) - 1 - first, len(p) - 1 - first + len(c))
+            targets[i, : len(c)] = torch.tensor(c)
+            valid[i, : len(c)] = True
+        ids, seen, index, targets, valid = (x.to(device) for x in (ids, seen, index, targets, valid))
+        logits = model(input_ids=ids, attention_mask=seen, logits_to_keep=width - first).logits.float()
+        log_probs = torch.log_softmax(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), dim=-1)
+        logps.append(log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid)
+        if with_entropy:
+            entropies.append(-(log_probs.exp() * log_probs).sum(-1) * valid)
+    back = torch.empty(n, dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(n)
+    back = back.to(device)
+    mask = torch.zeros((n, t_max), dtype=torch.bool)
+    for row, c in enumerate(completions):
+        mask[row, : len(c)] = True
+    entropy = torch.cat(entropies)[back] if with_entropy else None
+    return torch.cat(logps)[back], mask.to(device), entropy
