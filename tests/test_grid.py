@@ -157,3 +157,48 @@ def test_evaluation_runs_as_long_as_rl_on_each_data_set() -> None:
     assert grid.eval_max_new_tokens(fixed, "strategyqa") == 512
     assert grid.method_rl(cfg, "MEML-GRPO", "gsm8k")["max_new_tokens"] == 384  # rl_by_dataset reaches the cell
     assert grid.cell_params(cfg, grid.Cell("qwen2", "mathqa", "MEML-GRPO", 0))["rl"]["max_new_tokens"] == 256
+
+
+def _chain(vary: list[str], seeds: list[int] | None = None) -> dict:
+    return load_config(
+        None, {"grid": {"models": ["qwen2"], "datasets": ["gsm8k"], "seeds": seeds or [0, 1, 2], "seeds_vary": vary}}
+    )
+
+
+def test_seeds_that_vary_rl_only_share_the_sft_runs_and_the_base() -> None:
+    cfg = _chain(["rl"])
+    assert grid.sft_variants(cfg) == ["e0-e1-e2", "e1"]
+    assert grid.sft_run(cfg, [0, 1, 2], 2) == "e0-e1-e2" and grid.base_folder(cfg, "qwen2", 2) == "qwen2"
+    assert "seeds_vary" not in grid.cell_params(cfg, grid.cells(cfg)[0])  # the default's cell keys stay as they were
+    assert grid.stage_seed(cfg, None) == 0
+
+
+def test_seeds_that_vary_the_whole_chain_get_their_own_sft_runs_and_base() -> None:
+    cfg = _chain(["pretrain", "sft", "rl"])
+    runs = [f"{v}/seed{s}" for v in ("e0-e1-e2", "e1") for s in (0, 1, 2)]
+    assert grid.sft_variants(cfg) == sorted(runs)
+    assert sorted(run for _, _, run in grid.calibrated(cfg)) == sorted(runs)
+    assert grid.base_folder(cfg, "qwen2", 2) == "seed2/qwen2"
+    assert grid.base_folder(cfg, "qwen2") == "seed0/qwen2"  # the first seed's (base evaluation)
+    assert grid.complementarity_sft_variants(cfg) == ["e0-e1-e2/seed0"]
+    # seed k's pretraining and SFT seed: config seed + 1000 k; seed 0's is the shared models' seed
+    assert [grid.stage_seed(cfg, s) for s in (0, 2)] == [0, 2000]
+    assert grid.stage_seed({**cfg, "seed": 1}, 2) == 2001
+    assert grid.run_seed("e0-e1-e2/seed12") == 12 and grid.run_seed("e1") is None
+    assert grid.run_experts("e0-e1-e2/seed12") == [0, 1, 2]
+    assert grid.cell_params(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["pretrain", "sft", "rl"]
+
+
+def test_sft_seeds_keep_the_shared_base_and_a_gguf_base_is_never_retrained() -> None:
+    cfg = _chain(["sft", "rl"])
+    assert grid.sft_run(cfg, [1], 1) == "e1/seed1" and grid.base_folder(cfg, "qwen2", 1) == "qwen2"
+    real = load_config(PROJECT / "config" / "real-model.yaml", {"grid.seeds_vary": ["pretrain", "sft", "rl"]})
+    assert grid.models(real) == ["smollm2"]
+    assert grid.base_folder(real, "smollm2", 3) == grid.built_folder(real, "smollm2")  # a GGUF model: one base
+
+
+@pytest.mark.parametrize("vary", [["sft"], ["pretrain", "rl"], ["pretrain"]])
+def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: list[str]) -> None:
+    with pytest.raises(DataError, match="seeds_vary") as err:
+        grid.check(_chain(vary), 3)
+    assert err.value.field == "grid.seeds_vary"

@@ -295,3 +295,31 @@ def test_methods_evaluated_on_different_questions_are_not_compared(tmp_path: Pat
         path.write_text(json.dumps(data))
     with pytest.raises(DataError, match=r"MoE\+HSFT and MoE-SFT-GRPO were evaluated on different questions"):
         build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+
+
+def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
+    cfg = _config(**{"report.replicates": ["t2"]})
+    results = tmp_path / "results"
+    with pytest.raises(DataError, match="replicate 't2' has no results") as err:
+        _write_results(cfg, results / "t")
+        build(cfg, results / "t", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    assert err.value.field == "report.replicates"
+    _write_results(cfg, results / "t2")  # the same numbers: every claim agrees, and pooling halves the variance
+    build(cfg, results / "t", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    table = (tmp_path / "report" / "tables" / "replication.md").read_text()
+    index = (tmp_path / "report" / "index.md").read_text()
+    line = next(x for x in index.splitlines() if x.startswith("- IML adds to HSFT"))
+    one = line.split("difference ")[1].split(" [95% CI ")
+    mean, (lo, hi) = float(one[0]), (float(v) for v in one[1].split("]")[0].split(", "))
+    row = _row(table, "IML adds to HSFT (the full method)")
+    assert row[1] == row[3] and row[-1] == "yes"  # both runs: the same difference [CI]
+    pooled_mean = float(row[5].split(" [")[0])
+    assert pooled_mean == mean == 15.0
+    # pooled: the same mean, standard error / sqrt(2), so a narrower interval (Satterthwaite df doubles)
+    p_lo, p_hi = (float(v) for v in row[5].split(" [")[1].rstrip("]").split(", "))
+    assert p_hi - p_lo < hi - lo
+    assert "Replication (2 independent runs: `t`, `t2`" in index and "9 of 9 claims get the same verdict" in index
+    assert any(
+        x.startswith("| claim | run `t` difference [95% CI] | run `t` verdict | run `t2` difference")
+        for x in table.splitlines()
+    )

@@ -45,6 +45,27 @@ def test_the_seed_mean_square_stays_in_when_it_falls_below_the_residual() -> Non
     assert est.df == pytest.approx(144 / (36 + 32 + 2), rel=1e-12)
 
 
+def test_variance_components_by_hand() -> None:
+    # the matrix of the first test: MS_seed 13.5, MS_q 6.5, MS_e 1.5, S = 2, n = 3.
+    # seed: (13.5 - 1.5) / 3 = 4 -> sd 2; question: (6.5 - 1.5) / 2 = 2.5; test sd sqrt((2.5 + 1.5) / 3)
+    c = stats.components(np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 8.0]], dtype=np.float32))
+    assert c.seed == pytest.approx(2.0, rel=1e-12) and c.test == pytest.approx(math.sqrt(4 / 3), rel=1e-12)
+    assert (c.seeds, c.questions) == (2, 3)
+    # MS_seed 1.5 below MS_e 2: the seed component reads 0; MS_q 2 = MS_e: the test sd is sqrt(MS_e / n)
+    c = stats.components(np.array([[-0.5, 1.5, 3.5], [2.5, 2.5, 2.5]]))
+    assert c.seed == 0.0 and c.test == pytest.approx(math.sqrt(2 / 3), rel=1e-12)
+    with pytest.raises(ValueError, match="2 or more seeds"):
+        stats.components(np.ones((1, 5)))
+
+
+def test_variance_components_recover_the_simulated_ones() -> None:
+    # 400 seeds x 300 questions: seed sd 3, question sd 20, residual sd 10 -> test sd sqrt(500 / 300)
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 3, (400, 1)) + rng.normal(0, 20, (1, 300)) + rng.normal(0, 10, (400, 300))
+    c = stats.components(x)
+    assert c.seed == pytest.approx(3.0, rel=0.1) and c.test == pytest.approx(math.sqrt(500 / 300), rel=0.1)
+
+
 def test_one_seed_or_one_question_is_the_plain_t_interval() -> None:
     seeds = stats.cell_estimate(np.array([[10.0], [20.0], [30.0]]))  # one value per seed (final reward)
     assert (seeds.mean, seeds.df) == (20.0, 2.0) and seeds.se == pytest.approx(10 / math.sqrt(3))

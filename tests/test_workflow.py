@@ -167,9 +167,36 @@ def test_complementarity_of_three_single_expert_models_adds_their_sft_runs(tmp_p
     assert "sft/qwen2/gsm8k/e2/model" in dry.stdout
 
 
+def test_whole_chain_seeds_train_their_own_base_and_sft_models(tmp_path: Path) -> None:
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(
+        "grid: {models: [qwen2], datasets: [gsm8k], methods: [Expert1-SFT-GRPO, MEML-GRPO], seeds: [0, 1, 2], "
+        "seeds_vary: [pretrain, sft, rl]}\n"
+    )
+    dry = _run(tmp_path, "-n", "-p", "--configfile", str(SMOKE), str(chain))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = _job_counts(dry.stdout)
+    # three bases, MEF and Expert1-SFT per seed, each calibrated; six RL cells; one complementarity (seed 0's)
+    assert counts["tiny_model"] == 3 and counts["sft"] == 6 and counts["calibrate"] == 6 and counts["rl"] == 6
+    assert counts["complementarity"] == 1
+    for k in range(3):
+        assert f"--out results/smoke/models/seed{k} --seed {k}" in dry.stdout
+        assert (
+            f"sft/qwen2/gsm8k/e0-e1-e2/seed{k}/DONE" in dry.stdout and f"sft/qwen2/gsm8k/e1/seed{k}/DONE" in dry.stdout
+        )
+    # the paper's hub models are never retrained: their SFT runs alone multiply with the seeds
+    paper = tmp_path / "paper.yaml"
+    paper.write_text("grid: {seeds: [0, 1], seeds_vary: [pretrain, sft, rl]}\n")
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(paper))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = _job_counts(dry.stdout)
+    assert counts["sft"] == 2 * 2 * 3 * 2 and "tiny_model" not in counts and counts["rl"] == 2 * 2 * 3 * 7
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [
+        ("profile: bad\ngrid: {seeds_vary: [pretrain, rl]}\n", "grid.seeds_vary"),
         ("profile: bad\ntoy:\n  sizez: {gsm8k: [30, 10]}\n", "sizez"),
         ("profile: bad\ngrid: {methods: [MEML-GRPO, MEML-GPRO]}\n", "grid.methods[1]"),
         ("profile: bad\nrl: {group_size: eight}\n", "group_size"),

@@ -85,7 +85,7 @@ def cmd_toy_stats(args: argparse.Namespace) -> None:
 def cmd_tiny_models(args: argparse.Namespace) -> None:
     from meml.data import jobs
 
-    for name, folder in jobs.tiny_models(_config(args), args.root, args.out).items():
+    for name, folder in jobs.tiny_models(_config(args), args.root, args.out, args.seed).items():
         print(f"{name}: {folder}")
 
 
@@ -151,7 +151,14 @@ def cmd_sft(args: argparse.Namespace) -> None:
     cfg = _config(args)
     experts = _ids(args.experts) if args.experts else list(jobs.method_of(cfg, args.method).sft_experts)
     summary, out = jobs.sft(
-        cfg, args.model, args.dataset, experts, results=args.results, model_dir=args.model_dir, out=args.out
+        cfg,
+        args.model,
+        args.dataset,
+        experts,
+        results=args.results,
+        model_dir=args.model_dir,
+        out=args.out,
+        seed=args.seed,
     )
     print(f"SFT {sft_variant(experts)} on {args.dataset}: loss {summary['train_loss']} -> {out}")
 
@@ -282,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     with_config(p)
     p.add_argument("--root", required=True, help="toy world folder (its texts train the tokenizer)")
     p.add_argument("--out", required=True, help="models folder; qwen2/ and llama/ go inside")
+    p.add_argument(
+        "--seed", type=int, default=None, help="grid seed whose own base this is (grid.seeds_vary: pretrain)"
+    )
     p.set_defaults(func=cmd_tiny_models)
 
     p = sub.add_parser("gguf-model", help="a model folder from a GGUF file, checked by SHA-256")
@@ -314,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experts", default=None, help="comma-separated expert ids, e.g. 0,1,2")
     p.add_argument("--method", default="MEML-GRPO", help="take the experts from this method's sft_experts")
     p.add_argument("--model-dir", default=None, help="base model folder (default: the tiny model)")
+    p.add_argument("--seed", type=int, default=None, help="grid seed whose own SFT run this is (grid.seeds_vary: sft)")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("rl", help="one RL cell (GRPO, Dr.GRPO, MEML-GRPO or any configured method)")

@@ -91,14 +91,26 @@ def cli_config(*sections, only=None, shown=False):
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 
+# What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed
+# only where seeds retrain more than RL, so that a run of the default config keeps its jobs' params.
+SEEDS_VARY = {"grid": ["seeds_vary", "seeds"]} if grid.varies(config, "sft") else {}
+
+
 def sft_variant(wildcards):
-    """The SFT run a method starts RL from (its sft_experts, e.g. e0-e1-e2)."""
-    return grid.sft_variant(config["methods"][wildcards.method]["sft_experts"])
+    """The SFT run a cell starts RL from: its method's sft_experts (e0-e1-e2), and its seed where
+    seeds retrain SFT (e0-e1-e2/seed3; grid.seeds_vary)."""
+    return grid.sft_run(config, config["methods"][wildcards.method]["sft_experts"], int(wildcards.seed))
 
 
 def variant_experts(wildcards):
-    """An SFT variant's experts as the CLI takes them: e0-e1-e2 -> 0,1,2."""
-    return ",".join(k.lstrip("e") for k in wildcards.variant.split("-"))
+    """An SFT run's experts as the CLI takes them: e0-e1-e2 (or e0-e1-e2/seed3) -> 0,1,2."""
+    return ",".join(str(k) for k in grid.run_experts(wildcards.variant))
+
+
+def variant_seed(wildcards):
+    """`--seed k` for a seed's own SFT run (e0-e1-e2/seed3), nothing for a shared one."""
+    seed = grid.run_seed(wildcards.variant)
+    return "" if seed is None else f"--seed {seed}"
 
 
 def rl_run_dir(wildcards):
@@ -108,8 +120,10 @@ def rl_run_dir(wildcards):
 
 
 def base_model_files(wildcards):
-    """The built model's files (tiny, or converted from a GGUF file), or nothing for a hub id."""
-    folder = grid.built_folder(config, wildcards.model)
+    """The built model's files (tiny, or converted from a GGUF file; an SFT run's seed's own where
+    seeds retrain pretraining), or nothing for a hub id."""
+    variant = getattr(wildcards, "variant", None)
+    folder = grid.base_folder(config, wildcards.model, grid.run_seed(variant) if variant else None)
     return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
 
 
@@ -126,14 +140,15 @@ def project_file(path):
 
 def calibration_failures():
     """The gate's messages, printed when the workflow stops (they are also in the jobs' logs)."""
-    return [p.read_text(encoding="utf-8") for p in sorted(Path(RESULTS, "calibration").glob("*/*/*.failed"))]
+    found = [*Path(RESULTS, "calibration").glob("*/*/*.failed"), *Path(RESULTS, "calibration").glob("*/*/*/*.failed")]
+    return [p.read_text(encoding="utf-8") for p in sorted(found)]
 
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
     ds="gsm8k|strategyqa|mathqa",
     method="|".join(re.escape(m) for m in config["methods"]),
-    variant=r"e\d+(-e\d+)*",
+    variant=r"e\d+(-e\d+)*(/seed\d+)?",
     seed=r"\d+",
 
 

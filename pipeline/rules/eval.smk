@@ -30,7 +30,7 @@ rule evaluate:
 
 def base_model_path(wildcards):
     """The model a grid model starts from, as the eval CLI takes it: its built folder or its hub id."""
-    folder = grid.built_folder(config, wildcards.model)
+    folder = grid.base_folder(config, wildcards.model)  # the first seed's where seeds retrain pretraining
     return shlex.quote(f"{RESULTS}/models/{folder}" if folder else str(config["models"][wildcards.model]["source"]))
 
 

@@ -15,8 +15,14 @@ for _m in USED_MODELS:
 
 
 def folder_models(wildcards):
-    """The models (usually one) whose tiny model lives in this folder."""
-    return [m for m in USED_MODELS if grid.tiny_folder(config, m) == wildcards.folder]
+    """The models (usually one) whose tiny model lives in this folder (seed<k>/ aside)."""
+    return [m for m in USED_MODELS if grid.tiny_folder(config, m) == wildcards.folder.rpartition("/")[2]]
+
+
+def tiny_folder_seed(wildcards):
+    """`--seed k` for a seed's own base (seed3/qwen2; grid.seeds_vary: pretrain), else nothing."""
+    seed = wildcards.folder.partition("/")[0].removeprefix("seed") if "/" in wildcards.folder else ""
+    return f"--seed {seed}" if seed else ""
 
 
 rule tiny_model:
@@ -27,18 +33,24 @@ rule tiny_model:
     output:
         f"{RESULTS}/models/{{folder}}/config.json",
     wildcard_constraints:
-        folder="|".join(re.escape(f) for f in TINY_FOLDERS) or "(?!)",
+        # where seeds retrain pretraining, each seed's own below seed<k>/ (grid.base_folder)
+        folder=(r"(seed\d+/)?" if grid.varies(config, "pretrain") else "")
+        + "(" + ("|".join(re.escape(f) for f in TINY_FOLDERS) or "(?!)") + ")",
     params:
-        cfg=lambda w: cli_config("seed", "world", "toy", "experts", "models", only={"models": folder_models(w)}),
+        cfg=lambda w: cli_config(
+            "seed", "world", "toy", "experts", "models", only={"models": folder_models(w), **SEEDS_VARY}
+        ),
+        seed=tiny_folder_seed,
         env=job_env,
         root=f"{RESULTS}/{WORLD}",
-        out=f"{RESULTS}/models",
+        out=lambda w: f"{RESULTS}/models/{w.folder.rpartition('/')[0]}".rstrip("/"),
     # pretraining (toy.pretrain.steps) is minutes of compute with nothing beside it: every core
     threads: workflow.cores if config["toy"]["pretrain"]["steps"] else config["threads"]
     log:
         f"{LOGS}/tiny_models/{{folder}}.log",
     shell:
-        "{params.env} {MEML} tiny-models --root {params.root} --out {params.out} --config-json {params.cfg} > {log} 2>&1"
+        "{params.env} {MEML} tiny-models --root {params.root} --out {params.out} {params.seed} --config-json {params.cfg} "
+        "> {log} 2>&1"
 
 
 rule gguf_model:

@@ -7,6 +7,7 @@ TABLES = (
     + (["teachers"] if WORLD == "real" else [])
     + (["base", "base_samples"] if config["eval"]["base"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
+    + (["replication"] if config["report"]["replicates"] else [])
 )
 
 
@@ -23,6 +24,9 @@ rule report:
         if config["eval"]["base"]
         else [],
         calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
+        # the replicates' evaluations (report.replicates): runs of their own profile, made before this
+        # one's report; no rule here writes them, so a missing one stops the report with its path
+        replicates=[f"results/{name}/eval/{c.path}.json" for name in config["report"]["replicates"] for c in CELLS],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),
         teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])

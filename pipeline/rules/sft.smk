@@ -1,5 +1,6 @@
 # Stage: MEF, multi-expert SFT. One run per model, data set and SFT variant (the experts whose
-# trajectories it learns, e.g. e0-e1-e2); methods with the same SFT data share the run.
+# trajectories it learns, e.g. e0-e1-e2); methods with the same SFT data share the run. Where
+# grid.seeds_vary retrains SFT, each seed has its own run (e0-e1-e2/seed3), from its own base.
 # With launch.processes > 1 each job runs data-parallel on that many GPUs (accelerate launch).
 
 
@@ -12,9 +13,11 @@ rule sft:
         f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/DONE",
     params:
         cfg=cli_config(
-            "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "experts"
+            "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "experts",
+            only=SEEDS_VARY,
         ),
         experts=variant_experts,
+        seed=variant_seed,
         env=job_env,
         launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
     threads: config["threads"]
@@ -24,4 +27,4 @@ rule sft:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
         "{params.env} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
-        "--config-json {params.cfg} > {log} 2>&1"
+        "{params.seed} --config-json {params.cfg} > {log} 2>&1"

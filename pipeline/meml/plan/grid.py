@@ -62,6 +62,45 @@ def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
     return "-".join(f"e{k}" for k in sorted(experts))
 
 
+# What a grid seed retrains (grid.seeds_vary). With [rl] every seed starts RL from the same SFT
+# models, so a study's intervals say how much RL and the test sample move a comparison, given one
+# draw of the models every method starts from; another run of the same config draws other models
+# and the comparisons move by more than those intervals (issue 29's reruns). With sft (and
+# pretrain) in the list, seed k trains its own SFT models (from its own pretrained tiny base),
+# seeded with stage_seed: a seed is then an independent replicate of the whole chain, and the
+# crossed seed x question interval covers every stage that varies. The data stay the same, so
+# the methods are still compared on the same questions.
+CHAIN_STRIDE = 1000  # seed k's pretraining and SFT seed: config seed + 1000 k (k = 0: the shared models')
+
+
+def varies(cfg: dict[str, Any], stage: str) -> bool:
+    """Whether a grid seed retrains this stage (pretrain, sft or rl)."""
+    return stage in cfg["grid"]["seeds_vary"]
+
+
+def stage_seed(cfg: dict[str, Any], seed: int | None) -> int:
+    """The seed of the pretraining and SFT that grid seed `seed` starts from (None: the shared ones)."""
+    return int(cfg["seed"]) + (CHAIN_STRIDE * seed if seed is not None else 0)
+
+
+def sft_run(cfg: dict[str, Any], experts: list[int] | tuple[int, ...], seed: int) -> str:
+    """The SFT run a cell of this seed starts from, below sft/<model>/<ds>/: the variant (e0-e1-e2),
+    or the variant and the seed (e0-e1-e2/seed3) where seeds retrain SFT."""
+    variant = sft_variant(experts)
+    return f"{variant}/seed{seed}" if varies(cfg, "sft") else variant
+
+
+def run_seed(run: str) -> int | None:
+    """The grid seed of an SFT run's name (e0-e1-e2/seed3 -> 3), None for a shared run."""
+    _, _, seed = run.partition("/seed")
+    return int(seed) if seed else None
+
+
+def run_experts(run: str) -> list[int]:
+    """The experts of an SFT run's name: e0-e1-e2/seed3 -> [0, 1, 2]."""
+    return [int(k.lstrip("e")) for k in run.partition("/")[0].split("-")]
+
+
 def models(cfg: dict[str, Any]) -> list[str]:
     return list(cfg["grid"]["models"] or cfg["models"])
 
@@ -112,21 +151,25 @@ PAPER_EXPERTS = (0, 1, 2)
 
 def complementarity_sft_variants(cfg: dict[str, Any]) -> list[str]:
     """The SFT runs the complementarity analysis samples: the MEF model (`source: mef`, one run for
-    the three experts) or one single-expert model per expert (`single_expert`)."""
+    the three experts) or one single-expert model per expert (`single_expert`); where seeds
+    retrain SFT, those of the first seed."""
+    seed = cfg["grid"]["seeds"][0]
     if cfg["analysis"]["complementarity"]["source"] == "single_expert":
-        return [sft_variant([k]) for k in PAPER_EXPERTS]
-    return [sft_variant(PAPER_EXPERTS)]
+        return [sft_run(cfg, [k], seed) for k in PAPER_EXPERTS]
+    return [sft_run(cfg, PAPER_EXPERTS, seed)]
 
 
 def sft_variants(cfg: dict[str, Any]) -> list[str]:
     """The SFT runs the grid's methods and the complementarity analysis need (shared where the data is)."""
-    needed = {sft_variant(cfg["methods"][m]["sft_experts"]) for m in used_methods(cfg)}
+    needed = {sft_run(cfg, cfg["methods"][c.method]["sft_experts"], c.seed) for c in cells(cfg)}
     return sorted(needed | set(complementarity_sft_variants(cfg)))
 
 
 def calibrated(cfg: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(model, data set, SFT variant) of every MEF model some cell starts RL from: the gate's list."""
-    return sorted({(c.model, c.dataset, sft_variant(cfg["methods"][c.method]["sft_experts"])) for c in cells(cfg)})
+    """(model, data set, SFT run) of every MEF model some cell starts RL from: the gate's list."""
+    return sorted(
+        {(c.model, c.dataset, sft_run(cfg, cfg["methods"][c.method]["sft_experts"], c.seed)) for c in cells(cfg)}
+    )
 
 
 def tiny_folder(cfg: dict[str, Any], model: str) -> str | None:
@@ -161,6 +204,15 @@ def built_folder(cfg: dict[str, Any], model: str) -> str | None:
     return tiny_folder(cfg, model) or gguf_folder(cfg, model)
 
 
+def base_folder(cfg: dict[str, Any], model: str, seed: int | None = None) -> str | None:
+    """The built folder a seed's SFT starts from: `built_folder`, below seed<k>/ where seeds retrain
+    the pretrained tiny base (seed None: the first grid seed's; a GGUF model is never retrained)."""
+    folder = built_folder(cfg, model)
+    if folder and varies(cfg, "pretrain") and tiny_folder(cfg, model):
+        return f"seed{cfg['grid']['seeds'][0] if seed is None else seed}/{folder}"
+    return folder
+
+
 def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     chosen = cfg["analysis"]["complementarity"]["models"]
     return [m for m in models(cfg) if chosen is None or m in chosen]
@@ -184,6 +236,8 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "method": cell.method,
         "switches": switches(cfg, cell.method),
         "seed": cell.seed,
+        # where the seed retrains SFT (and pretraining), the seed of those stages: another model
+        **({"seeds_vary": cfg["grid"]["seeds_vary"]} if varies(cfg, "sft") else {}),
         "rl": method_rl(cfg, cell.method, cell.dataset),
         "sft": cfg["sft"],
         "reward": cfg["reward"],
@@ -208,6 +262,15 @@ def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
 
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
     """Checks across keys that the JSON schema cannot express; each error names its key."""
+    vary = cfg["grid"]["seeds_vary"]
+    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary):
+        raise DataError(
+            f"seeds_vary {vary}: a seed always retrains RL, and a seed that retrains pretraining retrains SFT "
+            "from it; use [rl], [sft, rl] or [pretrain, sft, rl]",
+            None,
+            None,
+            "grid.seeds_vary",
+        )
     for section in ("grid", "extras"):
         for i, name in enumerate(cfg[section]["methods"] or []):
             if name not in cfg["methods"]:

@@ -5,8 +5,10 @@
         <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
         <world>/experts/<ds>/e<k>.jsonl           expert trajectories
         models/<name>/                            tiny models (toy world and real-smoke), models from GGUF files
+        models/seed<k>/<name>/                    seed k's own pretrained tiny model (grid.seeds_vary: pretrain)
         sft/<model>/<ds>/<variant>/{model,DONE}   MEF runs (variant: the experts, e.g. e0-e1-e2)
-        calibration/<model>/<ds>/<variant>.json   the gate's measurements
+        sft/<model>/<ds>/<variant>/seed<k>/...    seed k's own SFT run (grid.seeds_vary: sft)
+        calibration/<model>/<ds>/<run>.json       the gate's measurements (run: the SFT run's name)
         rl/<model>/<ds>/<method>/seed<k>/         RL runs (metrics.jsonl, model/, DONE)
         eval/<model>/<ds>/<method>/seed<k>.json   evaluations, every response kept
         analysis/complementarity/<model>_<ds>.*   the complementarity analysis
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
-from meml.plan.grid import Cell, built_folder
+from meml.plan.grid import Cell, base_folder
 
 RESULTS = Path("results")  # relative to the folder Snakemake runs in
 AGREEMENT = RESULTS / "agreement"  # `meml agreement`: the checker against the real rationales
@@ -53,11 +55,12 @@ class Layout:
     def models(self) -> Path:
         return self.root / "models"
 
-    def base_model(self, cfg: dict[str, Any], model: str) -> Path | str:
-        """A built model's folder (tiny, or converted from a GGUF file), or the hub id / folder of a real one."""
+    def base_model(self, cfg: dict[str, Any], model: str, seed: int | None = None) -> Path | str:
+        """A built model's folder (tiny, or converted from a GGUF file; a seed's own where seeds
+        retrain pretraining), or the hub id / folder of a real one."""
         if model not in cfg["models"]:
             raise DataError(f"unknown model '{model}'; known: {', '.join(cfg['models'])}", None, None, "models")
-        folder = built_folder(cfg, model)
+        folder = base_folder(cfg, model, seed)
         return self.models / folder if folder else str(cfg["models"][model]["source"])
 
     def sft(self, model: str, dataset: str, variant: str) -> Path:

@@ -68,6 +68,12 @@ def build(
         tables += [base_table(cfg, root), base_samples(cfg, root)]
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
+    replication_lines: list[str] = []
+    if cfg["report"]["replicates"]:
+        from meml.reporting.replication import replication
+
+        table, replication_lines = replication(cfg, root, reference)
+        tables.append(table)
     written: list[Path] = []
     for table in tables:
         for ext, render in (("md", to_markdown), ("tex", to_latex)):
@@ -84,7 +90,7 @@ def build(
                 shutil.copyfile(source, target)
                 written.append(target)
     index = out / "index.md"
-    lines = summary.render(cfg, results, root, reference)
+    lines = summary.render(cfg, results, root, reference) + replication_lines
     warnings = calibration_warnings(cfg, root)
     if warnings:  # the gate was set to warn: say which models are outside the informative range
         lines += [

@@ -92,6 +92,36 @@ def cell_estimate(x: np.ndarray) -> Estimate:
     return Estimate(mean, se, _satterthwaite(parts))
 
 
+@dataclass(frozen=True)
+class Components:
+    """Where one method's (or one difference's) spread comes from, as standard deviations of one
+    run's mean over the n test questions, in the units of x: `seed`, what retraining moves it
+    (whichever stages grid.seeds_vary retrains); `test`, what another draw of n test questions
+    would (question difficulty and the seed-by-question residual). Estimated from the mean squares
+    of the S x n matrix (method of moments, a negative component read as 0)."""
+
+    seed: float
+    test: float
+    seeds: int
+    questions: int
+
+
+def components(x: np.ndarray) -> Components:
+    """E[MS_seed] = n s2_seed + s2_e, E[MS_q] = S s2_q + s2_e, E[MS_e] = s2_e: seed sd
+    sqrt(s2_seed), test sd sqrt((s2_q + s2_e) / n). Needs 2 or more seeds and questions."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or min(x.shape) < 2:
+        raise ValueError(f"variance components need 2 or more seeds and questions, got shape {x.shape}")
+    n_seeds, n_q = x.shape
+    mean, rows, cols = float(x.mean()), x.mean(axis=1), x.mean(axis=0)
+    ms_s = n_q * float(((rows - mean) ** 2).sum()) / (n_seeds - 1)
+    ms_q = n_seeds * float(((cols - mean) ** 2).sum()) / (n_q - 1)
+    ms_e = float(((x - rows[:, None] - cols[None, :] + mean) ** 2).sum()) / ((n_seeds - 1) * (n_q - 1))
+    s2_seed = max(0.0, (ms_s - ms_e) / n_q)
+    s2_q = max(0.0, (ms_q - ms_e) / n_seeds)
+    return Components(math.sqrt(s2_seed), math.sqrt((s2_q + ms_e) / n_q), n_seeds, n_q)
+
+
 def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
     """Degrees of freedom of a sum of independent variance estimates (signed value, df)."""
     total = sum(v for v, _ in parts)

@@ -243,6 +243,44 @@ def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[st
         elif section == "questions":
             lines += ["", "The open questions need the extras (`config/toy-seeds.yaml`); this run has none."]
     lines += ["", "The regime (descriptive, no verdict):", *_regime_lines(cfg, results, root)]
+    paired = [
+        (e["a"], e["b"])
+        for _, e in entries
+        if e.get("scope", "grid") == "grid"
+        and e.get("measure", "accuracy") == e.get("b_measure", "accuracy") == "accuracy"
+    ]
+    lines += _spread_lines(summary, list(dict.fromkeys(paired)))
+    return lines
+
+
+def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
+    """Where the spread comes from: for each grid method and each claim's difference, the sd of one
+    run's accuracy across seeds (training) and across draws of the test questions, per cell. What
+    the seed sd contains is what grid.seeds_vary retrains; a run with seeds_vary [rl] beside one with
+    [pretrain, sft, rl] splits it into RL and the stages before (docs/grid.md, The toy study)."""
+    cfg = summary.cfg
+    if len(cfg["grid"]["seeds"]) < 2:
+        return []
+    vary = ", ".join(cfg["grid"]["seeds_vary"])
+    lines = [
+        "",
+        f"Where the spread comes from (a seed retrains: {vary}; the data are the same for every seed). "
+        "Standard deviation of one run's accuracy, in points: across seeds (training) and across draws of "
+        "the test questions (method of moments on the seeds x questions matrix, per cell):",
+    ]
+    models, datasets = grid.models(cfg), cfg["grid"]["datasets"]
+    for model in models:
+        for ds in datasets:
+            parts = []
+            for method in grid.methods(cfg):
+                c = stats.components(summary._matrix(model, ds, method, "accuracy")[1])
+                parts.append(f"{method} {c.seed:.1f} / {c.test:.1f}")
+            lines.append(f"- {model} x {ds}, training / test: {'; '.join(parts)}.")
+            for a, b in pairs:
+                d = stats.components(
+                    summary._matrix(model, ds, a, "accuracy")[1] - summary._matrix(model, ds, b, "accuracy")[1]
+                )
+                lines.append(f"  - {a} - {b}: training {d.seed:.1f}, test {d.test:.1f}.")
     return lines
 
 

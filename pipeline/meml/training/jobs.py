@@ -11,7 +11,17 @@ from meml.core.io import DataError
 from meml.core.precision import of_config
 from meml.core.records import check_dataset_name
 from meml.data.experts import prompts_of
-from meml.plan.grid import Cell, cell_key, cell_params, check_method, method_rl, sft_variant
+from meml.plan.grid import (
+    Cell,
+    cell_key,
+    cell_params,
+    check_method,
+    method_rl,
+    sft_run,
+    sft_variant,
+    stage_seed,
+    varies,
+)
 from meml.plan.layout import Layout
 from meml.training.checkpoint import check_model_folder
 
@@ -35,14 +45,19 @@ def sft(
     results: str | None = None,
     model_dir: str | None = None,
     out: str | None = None,
+    seed: int | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """Multi-expert SFT of `model` on the experts' trajectories of `dataset`."""
+    """Multi-expert SFT of `model` on the experts' trajectories of `dataset`; with `seed` (where
+    grid.seeds_vary retrains SFT) grid seed `seed`'s own run, from its own base, seeded by it."""
     from meml.training.sft import run_sft
 
     check_dataset_name(dataset, "--dataset")
+    if seed is not None and not varies(cfg, "sft"):
+        raise DataError("a seed's own SFT run needs sft in grid.seeds_vary", None, None, "grid.seeds_vary")
     layout = Layout.of(cfg, results)
-    run = Path(out) if out else layout.sft(model, dataset, sft_variant(experts))
-    base = Path(model_dir) if model_dir else layout.base_model(cfg, model)
+    name = sft_variant(experts) if seed is None else sft_run(cfg, experts, seed)
+    run = Path(out) if out else layout.sft(model, dataset, name)
+    base = Path(model_dir) if model_dir else layout.base_model(cfg, model, seed)
     summary = run_sft(
         base,
         layout.data(cfg["world"], dataset),
@@ -51,7 +66,7 @@ def sft(
         experts,
         cfg["sft"],
         prompts_of(cfg),
-        cfg["seed"],
+        stage_seed(cfg, seed),
         of_config(cfg),
     )
     return summary, run
@@ -68,7 +83,9 @@ def rl(
     method = method_of(cfg, cell.method)
     layout = Layout.of(cfg, results)
     start = (
-        Path(sft_dir) if sft_dir else layout.sft(cell.model, cell.dataset, sft_variant(method.sft_experts)) / "model"
+        Path(sft_dir)
+        if sft_dir
+        else layout.sft(cell.model, cell.dataset, sft_run(cfg, method.sft_experts, cell.seed)) / "model"
     )
     if not (start / "config.json").is_file():
         raise DataError("SFT model not found (run `meml sft` for this method first)", start)
