@@ -84,8 +84,12 @@ def cmd_toy_stats(args: argparse.Namespace) -> None:
 
 def cmd_tiny_models(args: argparse.Namespace) -> None:
     from meml.data import jobs
+    from meml.plan.grid import stage_seed, varies
 
-    for name, folder in jobs.tiny_models(_config(args), args.root, args.out, args.seed).items():
+    cfg = _config(args)
+    if args.seed is not None and not varies(cfg, "pretrain"):
+        raise DataError("a seed's own base model needs pretrain in grid.seeds_vary", None, None, "grid.seeds_vary")
+    for name, folder in jobs.tiny_models(cfg, args.root, args.out, stage_seed(cfg, args.seed)).items():
         print(f"{name}: {folder}")
 
 

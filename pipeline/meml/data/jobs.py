@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core import tracking
-from meml.core.io import DataError, atomic_write_json
+from meml.core.io import atomic_write_json
 from meml.core.records import Record, check_dataset_name, read_records, write_records
 from meml.data.experts import prompts_of
 
@@ -20,15 +20,13 @@ def toy_world(cfg: dict[str, Any], out: str) -> list[dict[str, Any]]:
     return build_world(out, cfg["seed"], sizes, len(prompts_of(cfg)), cfg["toy"]["gsm8k_max_ops"])  # type: ignore[arg-type]
 
 
-def tiny_models(cfg: dict[str, Any], root: str, out: str, seed: int | None = None) -> dict[str, Path]:
-    """The tokenizer trained on the world's texts, and every tiny model the config names; with
-    `seed`, grid seed `seed`'s own (its initialisation and pretraining texts drawn from stage_seed)."""
+def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None = None) -> dict[str, Path]:
+    """The tokenizer trained on the world's texts, and every tiny model the config names, initialised
+    and pretrained from `model_seed` (default: the config's seed; a grid seed's own base: the CLI
+    passes its stage seed, meml.plan.grid.stage_seed)."""
     from meml.data.tiny_models import build_tiny_models, tiny_arch, toy_corpus
-    from meml.plan.grid import stage_seed, varies
 
-    if seed is not None and not varies(cfg, "pretrain"):
-        raise DataError("a seed's own base model needs pretrain in grid.seeds_vary", None, None, "grid.seeds_vary")
-    model_seed = stage_seed(cfg, seed)
+    model_seed = cfg["seed"] if model_seed is None else model_seed
 
     corpus = toy_corpus(root, prompts_of(cfg), with_experts=cfg["world"] == "toy")
     # tiny arch -> tokenizer style, of every tiny model in the config
