@@ -1,7 +1,7 @@
 """Rollout tokens per second: transformers' generate (HFEngine) against the CPU sampling engine
 (KVEngine, training/kv_decode.py), side by side in one process on the same prompts.
 
-    .venv/bin/python scripts/bench_engine.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/model \
+    .venv/bin/python scripts/bench_engine.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
         --data results/toy-study/toy/data/gsm8k
 
 Each round samples one RL batch as the study does (8 questions x 3 expert prompts, 3/3/2

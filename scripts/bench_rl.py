@@ -1,6 +1,6 @@
 """Benchmark of the RL step, measured side by side in one run (ratios, not absolute times).
 
-    .venv/bin/python scripts/bench_rl.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/model \
+    .venv/bin/python scripts/bench_rl.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
         --data results/toy-study/toy/data/gsm8k --experts results/toy-study/toy/experts/gsm8k \
         [--against /path/to/an/older/checkout]
 

@@ -323,3 +323,14 @@ def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
         x.startswith("| claim | run `t` difference [95% CI] | run `t` verdict | run `t2` difference")
         for x in table.splitlines()
     )
+
+
+def test_where_the_spread_comes_from_by_hand(built: tuple[dict, Path]) -> None:
+    index = (built[1] / "index.md").read_text()
+    line = next(x for x in index.splitlines() if x.startswith("- qwen2 x gsm8k, training / test:"))
+    # MEML-GRPO on gsm8k, 10 questions: seed 0 right on q0, seed 1 on q0 and q1 (points). Mean 15;
+    # MS_seed = 10 * (5^2 + 5^2) = 500; MS_q = 2 * (85^2 + 35^2 + 8 * 15^2) / 9 = 2277.8; residuals
+    # +-5 (x 18) and +-45 (x 2): MS_e = 4500 / 9 = 500. Training sd sqrt((500 - 500) / 10) = 0; test
+    # sd sqrt(((2277.8 - 500) / 2 + 500) / 10) = 11.8
+    assert "MEML-GRPO 0.0 / 11.8" in line
+    assert "(a seed retrains: rl; the data are the same for every seed)" in index
