@@ -184,6 +184,15 @@ def test_whole_chain_seeds_train_their_own_base_and_sft_models(tmp_path: Path) -
         assert (
             f"sft/qwen2/gsm8k/e0-e1-e2/seed{k}/DONE" in dry.stdout and f"sft/qwen2/gsm8k/e1/seed{k}/DONE" in dry.stdout
         )
+    # adding a seed adds that seed's jobs only: seed 0's command lines (config included) stay the same
+    chain.write_text(chain.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]"))
+    alone = _run(tmp_path, "-n", "-p", "--configfile", str(SMOKE), str(chain))
+    assert alone.returncode == 0, alone.stderr[-3000:]
+
+    def seed0(out: str) -> list[str]:
+        return sorted(x for x in out.splitlines() if "meml.run" in x and re.search(r"--seed 0\b|/seed0\b", x))
+
+    assert seed0(alone.stdout) == seed0(dry.stdout) and len(seed0(alone.stdout)) >= 5
     # the paper's hub models are never retrained: their SFT runs alone multiply with the seeds
     paper = tmp_path / "paper.yaml"
     paper.write_text("grid: {seeds: [0, 1], seeds_vary: [pretrain, sft, rl]}\n")

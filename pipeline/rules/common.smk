@@ -93,7 +93,8 @@ def cli_config(*sections, only=None, shown=False):
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed
 # only where seeds retrain more than RL, so that a run of the default config keeps its jobs' params.
-SEEDS_VARY = {"grid": ["seeds_vary", "seeds"]} if grid.varies(config, "sft") else {}
+# Not grid.seeds: adding a seed must run that seed's jobs only.
+SEEDS_VARY = {"grid": ["seeds_vary"]} if grid.varies(config, "sft") else {}
 
 
 def sft_variant(wildcards):
