@@ -79,11 +79,8 @@ def cell_estimate(x: np.ndarray) -> Estimate:
     if n_seeds == 1 or n_q == 1:  # one random effect: the plain t-interval over the other axis
         values = x.ravel()
         return Estimate(mean, float(values.std(ddof=1) / math.sqrt(values.size)), float(values.size - 1))
-    rows, cols = x.mean(axis=1), x.mean(axis=0)
     df_s, df_q, df_e = n_seeds - 1, n_q - 1, (n_seeds - 1) * (n_q - 1)
-    ms_s = n_q * float(((rows - mean) ** 2).sum()) / df_s
-    ms_q = n_seeds * float(((cols - mean) ** 2).sum()) / df_q
-    ms_e = float(((x - rows[:, None] - cols[None, :] + mean) ** 2).sum()) / df_e
+    ms_s, ms_q, ms_e = _mean_squares(x)
     # E[MS_s] / (S n) = s2_seed / S + s2_e / (S n): the seed term, kept whatever its value. The
     # question term s2_question / n = (MS_q - MS_e) / (S n) is added when it is positive.
     parts = [(ms_s, df_s), (ms_q, df_q), (-ms_e, df_e)] if ms_q > ms_e else [(ms_s, df_s)]
@@ -113,13 +110,20 @@ def components(x: np.ndarray) -> Components:
     if x.ndim != 2 or min(x.shape) < 2:
         raise ValueError(f"variance components need 2 or more seeds and questions, got shape {x.shape}")
     n_seeds, n_q = x.shape
+    ms_s, ms_q, ms_e = _mean_squares(x)
+    s2_seed = max(0.0, (ms_s - ms_e) / n_q)
+    s2_q = max(0.0, (ms_q - ms_e) / n_seeds)
+    return Components(math.sqrt(s2_seed), math.sqrt((s2_q + ms_e) / n_q), n_seeds, n_q)
+
+
+def _mean_squares(x: np.ndarray) -> tuple[float, float, float]:
+    """MS_seed, MS_question, MS_residual of an S x n matrix (two-way ANOVA, one observation a cell)."""
+    n_seeds, n_q = x.shape
     mean, rows, cols = float(x.mean()), x.mean(axis=1), x.mean(axis=0)
     ms_s = n_q * float(((rows - mean) ** 2).sum()) / (n_seeds - 1)
     ms_q = n_seeds * float(((cols - mean) ** 2).sum()) / (n_q - 1)
     ms_e = float(((x - rows[:, None] - cols[None, :] + mean) ** 2).sum()) / ((n_seeds - 1) * (n_q - 1))
-    s2_seed = max(0.0, (ms_s - ms_e) / n_q)
-    s2_q = max(0.0, (ms_q - ms_e) / n_seeds)
-    return Components(math.sqrt(s2_seed), math.sqrt((s2_q + ms_e) / n_q), n_seeds, n_q)
+    return ms_s, ms_q, ms_e
 
 
 def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
