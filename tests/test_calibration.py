@@ -77,3 +77,29 @@ def test_gate_warn_writes_the_measurements(untrained: Path, small_world: Path, t
     # each expert's mean completion length, in tokens (at most the 12-token cap, at least one)
     assert set(saved["mean_tokens"]) == {"e0", "e1", "e2"} and all(1 <= v <= 12 for v in saved["mean_tokens"].values())
     assert not out.with_suffix(".failed").exists()
+
+
+def test_a_data_sets_own_range_is_laid_over_the_common_one_and_named() -> None:
+    from meml.core.config import load_config
+    from meml.evaluation.calibration import ranges_for
+
+    settings = {"ranges": RANGES, "ranges_by_dataset": {"strategyqa": {"rollout_success": [0.55, 0.85]}}}
+    ranges, own = ranges_for(settings, "strategyqa")
+    assert ranges == {**RANGES, "rollout_success": [0.55, 0.85]} and own == {"rollout_success"}
+    assert ranges_for(settings, "gsm8k") == (RANGES, set())
+    # a yes/no guess: in the common range, under StrategyQA's own
+    result = {"dataset": "strategyqa", "rollout_success": {"e1": 0.45}, "finished": {"e1": 0.90},
+              "greedy": {"expert": 1, "accuracy": 0.50}}  # fmt: skip
+    assert check(result, RANGES) == [
+        "expert 1's finished share 0.90 is outside calibration.ranges.finished [0.95, 1.0]; "
+        "change rl_by_dataset.strategyqa.max_new_tokens (or rl.max_new_tokens), sft.epochs",
+    ]
+    assert check(result, ranges, own)[0] == (
+        "expert 1's rollout success 0.45 is outside calibration.ranges_by_dataset.strategyqa.rollout_success "
+        "[0.55, 0.85]; change toy.pretrain.steps, sft.epochs, sft.lr, toy.sizes (more SFT data), rl.temperature"
+    )
+    # the shipped defaults put each data set's range above its chance level
+    shipped = load_config()["calibration"]
+    for dataset, chance in (("strategyqa", 0.5), ("mathqa", 0.2)):
+        own_ranges = ranges_for(shipped, dataset)[0]
+        assert own_ranges["rollout_success"][0] > chance and own_ranges["greedy_accuracy"][0] > chance

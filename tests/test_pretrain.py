@@ -91,3 +91,64 @@ def test_too_little_text_names_the_key(pretrained: tuple[Path, Path, Path]) -> N
     expected = r"field 'toy\.pretrain\.documents': the pretraining text has \d+ tokens, fewer than one window of 128"
     with pytest.raises(DataError, match=expected):
         pretrain(model, tok, ["1 + 1 = 2"], steps=1, seed=0)
+
+
+def test_corpus_of_three_domains_holds_each_worked_correctly_and_no_test_question() -> None:
+    from meml.core.answers import extract
+    from meml.data.toy import mathqa, strategyqa
+
+    kb = strategyqa.knowledge_base(random.Random("creatures"))
+    test_sqa = [q.text for q in (strategyqa.make_question(random.Random(i), kb) for i in range(300))]
+    test_mqa = [mathqa.make_problem(random.Random(i)).text for i in range(300)]
+    domains = ("gsm8k", "strategyqa", "mathqa")
+    texts = corpus(test_sqa + test_mqa, seed=0, documents=3000, max_ops=1, domains=domains, knowledge_base=kb)
+    assert texts == corpus(test_sqa + test_mqa, seed=0, documents=3000, max_ops=1, domains=domains, knowledge_base=kb)
+    facts = {c.fact(a) for c in kb for a in ("legs", "weight", "habitat", "active")}
+    passages = [t for t in texts if t.startswith("A ")]
+    questions = [t for t in texts if t.endswith(("So the answer is yes.", "So the answer is no."))]
+    problems = [t for t in texts if "\nOptions: a ) " in t]
+    for share in (len(passages) + len(questions), len(problems)):
+        assert 0.28 < share / len(texts) < 0.39  # a third each
+    assert all(set(t.split("\n")) <= facts for t in passages)  # every passage line is a fact of the world
+    assert 0.22 < len(passages) / (len(passages) + len(questions)) < 0.45  # a third of StrategyQA documents
+    yes = sum(t.endswith("yes.") for t in questions)
+    assert 0.4 < yes / len(questions) < 0.6  # both answers equally often
+    for t in questions:  # each worked answer is what the knowledge base says
+        assert t.endswith("yes." if _answer(t.split("\n")[0], kb) else "no.")
+    assert not [t for t in questions + problems if t.split("\n")[0] in set(test_sqa + test_mqa)]
+    for t in problems:  # the letter each solution ends with names the option holding the value
+        options = dict(re.findall(r"([a-e]) \) ([^,]+?)(?: ,|$)", t.split("\n")[1].removeprefix("Options: ")))
+        assert extract(t, "mathqa", "strict") in options
+    styles = [sum("<think>" in t for t in problems), sum(t.split("\n")[2].startswith("let me") for t in problems)]
+    assert all(0.25 < n / len(problems) < 0.42 for n in styles)
+
+
+def _answer(question: str, kb: list) -> bool:
+    """A toy StrategyQA question's answer, worked out here from the creatures' facts."""
+    c = {creature.name: creature for creature in kb}
+    rules = [
+        (r"Does a (\w+) have more legs than a (\w+)\?", lambda a, b: c[a].legs > c[b].legs),
+        (r"Could a (\w+) meet a (\w+) near its home\?", lambda a, b: c[a].habitat == c[b].habitat),
+        (r"Would a (\w+) be awake at the same time as a (\w+)\?", lambda a, b: c[a].active == c[b].active),
+        (r"Could a (\w+) carry three (\w+)s if it can carry its own weight\?",
+         lambda a, b: c[a].weight >= 3 * c[b].weight),
+        (r"Do two (\w+)s have more legs in total than a (\w+)\?", lambda a, b: 2 * c[a].legs > c[b].legs),
+        (r"Could a (\w+) and a (\w+) together outweigh a (\w+)\?",
+         lambda a, b, z: c[a].weight + c[b].weight > c[z].weight),
+    ]  # fmt: skip
+    for pattern, rule in rules:
+        if match := re.fullmatch(pattern, question):
+            return bool(rule(*match.groups()))
+    raise AssertionError(f"not a toy StrategyQA question: {question}")
+
+
+def test_a_bad_domain_or_a_missing_knowledge_base_names_the_key(tmp_path: Path) -> None:
+    from meml.core.io import DataError
+    from meml.data.pretrain import read_knowledge_base
+
+    with pytest.raises(DataError, match=r"toy\.pretrain\.domains.*each one of"):
+        corpus([], seed=0, documents=10, domains=("gsm8k", "poetry"))
+    with pytest.raises(DataError, match=r"toy\.pretrain\.domains.*creatures"):
+        corpus([], seed=0, documents=10, domains=("strategyqa",))
+    with pytest.raises(DataError, match=r"knowledge_base\.json.*toy\.pretrain\.domains"):
+        read_knowledge_base(tmp_path)

@@ -34,12 +34,16 @@ def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None
     pretraining = dict(cfg["toy"]["pretrain"])
     if pretraining["steps"] > 0:
         from meml.data.pretrain import corpus as pretraining_corpus
+        from meml.data.pretrain import read_knowledge_base
 
-        test = Path(root) / "data" / "gsm8k" / "test.jsonl"
-        exclude = [r.question for r in read_records(test)] if test.exists() else []
+        domains = pretraining["domains"]
+        tests = [Path(root) / "data" / ds / "test.jsonl" for ds in domains]
+        exclude = [r.question for test in tests if test.exists() for r in read_records(test)]
+        kb = read_knowledge_base(root) if "strategyqa" in domains else []
         pretraining["texts"] = pretraining_corpus(
-            exclude, model_seed, pretraining["documents"], cfg["toy"]["gsm8k_max_ops"]
-        )
+            exclude, model_seed, pretraining["documents"], cfg["toy"]["gsm8k_max_ops"], domains=domains,
+            knowledge_base=kb,
+        )  # fmt: skip
     return build_tiny_models(corpus, out, model_seed, cfg["toy"]["vocab_size"], list(styles), styles, pretraining)
 
 

@@ -7,7 +7,8 @@ Measured on one SFT model (one model, data set and SFT variant), under each of i
     greedy_accuracy     the headline expert's greedy accuracy on test questions (evaluation's reading)
     answer_balance      the largest answer class's share of the test split (StrategyQA: a constant
                         answer scores it; MathQA: a constant letter does), for the chance level
-Each value is checked against `calibration.ranges`; outside, `calibration.gate: stop` ends the
+Each value is checked against `calibration.ranges` (with the data set's `ranges_by_dataset` entry
+laid over it); outside, `calibration.gate: stop` ends the
 workflow before RL with a message naming the value, its range and the settings that move it, and
 `warn` records it for the report.
 """
@@ -15,7 +16,7 @@ workflow before RL with a message naming the value, its range and the settings t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,14 @@ def measure(
 LABELS = {"rollout_success": "rollout success", "finished": "finished share", "greedy_accuracy": "greedy accuracy"}
 
 
+def ranges_for(settings: dict[str, Any], dataset: str) -> tuple[dict[str, list[float]], set[str]]:
+    """`calibration.ranges` with the data set's `ranges_by_dataset` entry laid over it, and the
+    keys that entry sets: the informative range sits above each data set's chance level (a yes/no
+    guess scores half of StrategyQA, a letter guess a fifth of MathQA)."""
+    own = (settings.get("ranges_by_dataset") or {}).get(dataset) or {}
+    return {**settings["ranges"], **own}, set(own)
+
+
 def out_of_range(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[tuple[str, str, float]]:
     """(measurement, expert e.g. "e1", value) of every value outside its range, in a fixed order."""
     greedy = result["greedy"]
@@ -136,23 +145,31 @@ def out_of_range(result: dict[str, Any], ranges: dict[str, list[float]]) -> list
     ]
 
 
-def check(result: dict[str, Any], ranges: dict[str, list[float]]) -> list[str]:
-    """One line per value outside its range: the value, the range, the settings that move it."""
+def check(result: dict[str, Any], ranges: dict[str, list[float]], own: Collection[str] = ()) -> list[str]:
+    """One line per value outside its range: the value, the range (`own`: the keys whose range is
+    the data set's own, calibration.ranges_by_dataset), the settings that move it."""
+    dataset = result["dataset"]
     return [
-        f"expert {expert[1:]}'s {LABELS[key]} {value:.2f} is outside calibration.ranges.{key} "
+        f"expert {expert[1:]}'s {LABELS[key]} {value:.2f} is outside "
+        f"calibration.{f'ranges_by_dataset.{dataset}' if key in own else 'ranges'}.{key} "
         f"[{ranges[key][0]}, {ranges[key][1]}]; change {MOVED_BY[key].replace('<ds>', result['dataset'])}"
         for key, expert, value in out_of_range(result, ranges)
     ]
 
 
 def calibrate(
-    out_json: str | Path, gate: str, ranges: dict[str, list[float]], where: str, **kwargs: Any
+    out_json: str | Path,
+    gate: str,
+    ranges: dict[str, list[float]],
+    where: str,
+    own: Collection[str] = (),
+    **kwargs: Any,
 ) -> dict[str, Any]:
     """Measure, check, write the JSON (with the problems found); with gate "stop", raise after writing
     a `.failed` note beside it, which the workflow prints when it stops."""
     result = measure(**kwargs)
     result["ranges"] = ranges
-    result["problems"] = check(result, ranges)
+    result["problems"] = check(result, ranges, own)
     result["in_range"] = not result["problems"]
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     failed = Path(out_json).with_suffix(".failed")

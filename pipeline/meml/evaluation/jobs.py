@@ -65,6 +65,7 @@ def calibrate(
 ) -> dict[str, Any]:
     """The gate on one SFT model, sampling as RL will on this data set."""
     from meml.evaluation.calibration import calibrate as run
+    from meml.evaluation.calibration import ranges_for
 
     check_dataset_name(dataset, "--dataset")
     settings = cfg["calibration"]
@@ -72,11 +73,13 @@ def calibrate(
     # the gate guards the MEF (multi-expert) models RL is about; a single-expert baseline's model is
     # measured and reported, never a reason to stop
     gate = settings["gate"] if len(experts) > 1 else "warn"
+    ranges, own = ranges_for(settings, dataset)
     return run(
         out,
         gate,
-        settings["ranges"],
+        ranges,
         where,
+        own,
         model_dir=checkpoint,
         data_root=_data_root(cfg, data_root),
         dataset=dataset,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.io import read_json
-from meml.evaluation.calibration import out_of_range
+from meml.evaluation.calibration import out_of_range, ranges_for
 from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting.results import Results, subgroup_share
@@ -141,12 +141,12 @@ def _truncated(cfg: dict[str, Any], method: str, rows: list[dict[str, float]]) -
 
 def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     """The gate's measurements of every MEF model RL starts from (calibration.py)."""
-    ranges = cfg["calibration"]["ranges"]
     columns = ["rollout success", "finished (lowest)", "mean tokens", "greedy accuracy", "largest answer class",
                "in range"]  # fmt: skip
     table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
                   [("measured", columns)])  # fmt: skip
     sampled = ""
+    datasets = list(dict.fromkeys(ds for _, ds, _ in grid.calibrated(cfg)))
     for model, ds, variant in grid.calibrated(cfg):
         c = read_json(Layout(root).calibration(model, ds, variant))
         sampled = f"{c['train_questions']} training questions x {c['samples']}"
@@ -164,13 +164,19 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
         )
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
-        f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap (range "
-        f"{_pct(ranges['rollout_success'])}); finished: the lowest expert's share ending within the cap (range "
-        f"{_pct(ranges['finished'])}); mean tokens: each expert's mean sample length (a MEF model that ignores "
-        f"its expert prompts writes one style, so one length, for all); greedy accuracy: the headline expert on "
-        f"the first test questions (range "
-        f"{_pct(ranges['greedy_accuracy'])}); largest answer class: its share of the test split (a constant "
-        f"answer scores it). Gate: {cfg['calibration']['gate']}.",
+        f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap; "
+        "finished: the lowest expert's share ending within the cap; mean tokens: each expert's mean sample length "
+        "(a MEF model that ignores its expert prompts writes one style, so one length, for all); greedy accuracy: "
+        "the headline expert on the first test questions; largest answer class: its share of the test split (a "
+        f"constant answer scores it). Gate: {cfg['calibration']['gate']}. Ranges (calibration.ranges, with "
+        "calibration.ranges_by_dataset laid over them): "
+        + "; ".join(
+            f"{DATASET_TITLES[ds]} rollout success {_pct(r['rollout_success'])}, finished {_pct(r['finished'])}, "
+            f"greedy {_pct(r['greedy_accuracy'])}"
+            for ds in datasets
+            for r in [ranges_for(cfg["calibration"], ds)[0]]
+        )
+        + ".",
     ]
     return table
 
@@ -181,10 +187,10 @@ def _pct(pair: list[float]) -> str:
 
 def calibration_warnings(cfg: dict[str, Any], root: Path) -> list[str]:
     """One line per MEF model outside the informative range: the values out of range, with theirs."""
-    ranges = cfg["calibration"]["ranges"]
     names = {"rollout_success": "rollout success", "finished": "finished", "greedy_accuracy": "greedy accuracy"}
     lines = []
     for model, ds, variant in grid.calibrated(cfg):
+        ranges = ranges_for(cfg["calibration"], ds)[0]
         found = out_of_range(read_json(Layout(root).calibration(model, ds, variant)), ranges)
         parts = [
             f"{names[key]} {' · '.join(f'{e} {100 * v:.0f}' for k, e, v in found if k == key)} "
