@@ -205,8 +205,12 @@ def test_calibration_table_and_warnings(built: tuple[dict, Path]) -> None:
     assert _row(table, "MathQA", "e1")[3:] == ["e1 5", "50", "–", "0.0", "b 24", "no"]
     index = (out / "index.md").read_text()
     assert (
-        "- qwen2/mathqa/e1: rollout success e1 5 (range 20-45); finished e1 50 (range 95-100); "
-        "greedy accuracy e1 0 (range 25-60)" in index
+        "- qwen2/mathqa/e1: rollout success e1 5 (range 30-60); finished e1 50 (range 95-100); "
+        "greedy accuracy e1 0 (range 30-65)" in index
+    )  # MathQA's own ranges (calibration.ranges_by_dataset), above a letter guess's 20%
+    assert (
+        "GSM8K rollout success 20-45, finished 95-100, greedy 25-60; "
+        "MathQA rollout success 30-60, finished 95-100, greedy 30-65." in table
     )
     assert "qwen2/gsm8k/e0-e1-e2:" not in index  # in range: no warning
 
