@@ -103,3 +103,25 @@ def test_gsm8k_max_ops_caps_the_chain_and_leaves_the_default_alone() -> None:
     mixed = gsm8k.generate(random.Random(3), 200)
     assert max(sum(not s.side for s in p.steps) for _, p in mixed) == 5
     assert [row for row, _ in gsm8k.generate(random.Random(3), 200, max_ops=5)] == [row for row, _ in mixed]
+
+
+def test_mathqa_small_numbers_are_one_digit_facts_and_too_many_is_an_error() -> None:
+    import random
+    import re
+
+    import pytest
+
+    from meml.core.answers import is_correct
+    from meml.core.io import DataError
+    from meml.data.toy import mathqa
+
+    small = mathqa.generate(random.Random(3), 600, small=True)
+    for _row, problem, options, correct in small:
+        # every number of the question is at most three significant digits followed by zeros
+        assert all(len(n.rstrip("0")) <= 3 for n in re.findall(r"\d+", problem.text)), problem.text
+        assert is_correct(mathqa.render_e1(problem, options, correct), "mathqa", correct, "strict", options)
+        assert options[correct].removesuffix(problem.unit) == mathqa._f(problem.value)
+    big = mathqa.generate(random.Random(3), 600)
+    assert max(int(n) for _, p, _, _ in big for n in re.findall(r"\d+", p.text)) > 1000
+    with pytest.raises(DataError, match=r"toy\.sizes\.mathqa.*fewer than the 2000 asked for"):
+        mathqa.generate(random.Random(3), 2000, small=True)

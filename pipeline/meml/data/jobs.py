@@ -17,7 +17,8 @@ def toy_world(cfg: dict[str, Any], out: str) -> list[dict[str, Any]]:
     from meml.data.toy.world import build_world
 
     sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
-    return build_world(out, cfg["seed"], sizes, len(prompts_of(cfg)), cfg["toy"]["gsm8k_max_ops"])  # type: ignore[arg-type]
+    toy = cfg["toy"]
+    return build_world(out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"])  # type: ignore[arg-type]
 
 
 def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None = None) -> dict[str, Path]:
@@ -42,7 +43,7 @@ def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None
         kb = read_knowledge_base(root) if "strategyqa" in domains else []
         pretraining["texts"] = pretraining_corpus(
             exclude, model_seed, pretraining["documents"], cfg["toy"]["gsm8k_max_ops"], domains=domains,
-            knowledge_base=kb,
+            knowledge_base=kb, mathqa_small=cfg["toy"]["mathqa_small"],
         )  # fmt: skip
     return build_tiny_models(corpus, out, model_seed, cfg["toy"]["vocab_size"], list(styles), styles, pretraining)
 

@@ -59,6 +59,7 @@ def corpus(
     fact_share: float = 0.3,
     domains: Sequence[str] = ("gsm8k",),
     knowledge_base: Sequence[toy_strategyqa.Creature] = (),
+    mathqa_small: bool = False,
 ) -> list[str]:
     """`documents` texts, each from one of `domains` drawn at random (see the writers below);
     questions in `exclude` are skipped. With GSM8K alone no domain is drawn, so that corpus is
@@ -73,7 +74,7 @@ def corpus(
     if "strategyqa" in domains and not knowledge_base:
         raise DataError("StrategyQA pretraining needs the world's creatures (raw/strategyqa/knowledge_base.json)",
                         None, None, "toy.pretrain.domains")  # fmt: skip
-    settings = {"gsm8k": (max_ops, fact_share), "strategyqa": (list(knowledge_base),), "mathqa": ()}
+    settings = {"gsm8k": (max_ops, fact_share), "strategyqa": (list(knowledge_base),), "mathqa": (mathqa_small,)}
     texts: list[str] = []
     while len(texts) < documents:
         domain = domains[0] if len(domains) == 1 else rng.choice(list(domains))
@@ -127,10 +128,10 @@ def _strategyqa_document(rng: random.Random, excluded: set[str], kb: list[toy_st
     return f"{question.text}\n{solution}"
 
 
-def _mathqa_document(rng: random.Random, excluded: set[str]) -> str | None:
+def _mathqa_document(rng: random.Random, excluded: set[str], small: bool) -> str | None:
     """A fresh toy MathQA problem with its five options, as the user turn shows them, worked in
     one of the three styles."""
-    problem = toy_mathqa.make_problem(rng)
+    problem = toy_mathqa.make_problem(rng, small)
     if problem.text in excluded:
         return None
     options, correct = toy_mathqa.options_for(rng, problem)

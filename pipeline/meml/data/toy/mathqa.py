@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from meml.core.answers import format_number
+from meml.core.io import DataError
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,16 @@ def _f(x: float) -> str:
     return format_number(x)
 
 
-def make_problem(rng: random.Random) -> Problem:
+def make_problem(rng: random.Random, small: bool = False) -> Problem:
+    """One problem of a family drawn at random. `small`: the numbers of each family shrunk to small
+    facts with zeros appended (at most three significant digits; toy.mathqa_small), the range the
+    tiny models' arithmetic reaches; the default draws are untouched by it."""
     kind = rng.choice(["percent", "speed", "interest", "share", "gain", "work", "average"])
     if kind == "percent":
-        p, n = rng.choice([5, 10, 20, 25, 50, 15]), rng.randint(2, 40) * 20
+        if small:
+            p, n = rng.choice([10, 20, 50]), rng.randint(1, 9) * rng.choice([10, 100])
+        else:
+            p, n = rng.choice([5, 10, 20, 25, 50, 15]), rng.randint(2, 40) * 20
         v = n * p / 100
         return Problem(
             f"what is {p} % of {n} ?",
@@ -55,7 +62,7 @@ def make_problem(rng: random.Random) -> Problem:
         )
     if kind == "speed":
         t = rng.randint(2, 9)
-        s = rng.randint(3, 30) * 5
+        s = rng.randint(2, 9) * rng.choice([1, 10]) if small else rng.randint(3, 30) * 5
         d = s * t
         return Problem(
             f"a car covers {d} km in {t} hours . what is its speed in kmph ?",
@@ -70,7 +77,10 @@ def make_problem(rng: random.Random) -> Problem:
             f"divide({d},{t})",
         )
     if kind == "interest":
-        principal, r, years = rng.randint(2, 30) * 100, rng.choice([2, 4, 5, 8, 10, 12]), rng.randint(2, 6)
+        if small:
+            principal, r, years = rng.randint(1, 9) * 100, rng.choice([2, 5, 10]), rng.randint(2, 5)
+        else:
+            principal, r, years = rng.randint(2, 30) * 100, rng.choice([2, 4, 5, 8, 10, 12]), rng.randint(2, 6)
         v = principal * r * years / 100
         return Problem(
             f"what is the simple interest on rs . {principal} at {r} % per annum for {years} years ?",
@@ -93,8 +103,8 @@ def make_problem(rng: random.Random) -> Problem:
             f"divide(multiply(multiply({principal},{r}),{years}),const_100)",
         )
     if kind == "share":
-        x, y = rng.sample([1, 2, 3, 4, 5, 7], 2)
-        n = (x + y) * rng.randint(5, 60) * 10
+        x, y = rng.sample([1, 2, 3, 4, 5] if small else [1, 2, 3, 4, 5, 7], 2)
+        n = (x + y) * (rng.randint(2, 9) * rng.choice([1, 10]) if small else rng.randint(5, 60) * 10)
         v = n * y / (x + y)
         return Problem(
             f"rs . {n} is divided between a and b in the ratio {x} : {y} . what is b ' s share ?",
@@ -113,8 +123,8 @@ def make_problem(rng: random.Random) -> Problem:
             f"divide(multiply({n},{y}),add({x},{y}))",
         )
     if kind == "gain":
-        cost = rng.randint(2, 20) * 50
-        pct = rng.choice([10, 20, 25, 40, 50, 5])
+        cost = rng.randint(1, 9) * rng.choice([10, 100]) if small else rng.randint(2, 20) * 50
+        pct = rng.choice([10, 20, 50]) if small else rng.choice([10, 20, 25, 40, 50, 5])
         sell = cost * (100 + pct) // 100
         return Problem(
             f"a man buys an article for rs . {cost} and sells it for rs . {sell} . find the gain percent .",
@@ -133,7 +143,9 @@ def make_problem(rng: random.Random) -> Problem:
         )
     if kind == "work":
         a, b = rng.choice(
-            [
+            [(6, 3), (4, 4), (3, 6), (2, 2), (6, 6), (4, 12)]
+            if small
+            else [
                 (6, 3),
                 (12, 6),
                 (10, 15),
@@ -169,9 +181,9 @@ def make_problem(rng: random.Random) -> Problem:
             3,
             f"divide(multiply({a},{b}),add({a},{b}))",
         )
-    k = rng.randint(3, 8)
-    rest = rng.randint(5, 40)
-    x = rng.randint(1, 60)
+    k = rng.randint(3, 6) if small else rng.randint(3, 8)
+    rest = rng.randint(2, 20) if small else rng.randint(5, 40)
+    x = rng.randint(1, 9) if small else rng.randint(1, 60)
     m_total = rest * (k - 1) + x
     while m_total % k:
         x += 1
@@ -246,13 +258,21 @@ def render_e2(p: Problem, options: dict[str, str], correct: str, rng: random.Ran
     return "\n".join(out)
 
 
-def generate(rng: random.Random, count: int) -> list[tuple[dict[str, str], Problem, dict[str, str], str]]:
+def generate(
+    rng: random.Random, count: int, small: bool = False
+) -> list[tuple[dict[str, str], Problem, dict[str, str], str]]:
     """`count` distinct problems as MathQA rows, with solution, options and correct letter."""
     seen: set[str] = set()
     out: list[tuple[dict[str, str], Problem, dict[str, str], str]] = []
+    repeats = 0
     while len(out) < count:
-        p = make_problem(rng)
+        p = make_problem(rng, small)
         if p.text in seen:
+            repeats += 1
+            if repeats > 20 * count:  # the families hold fewer distinct problems than asked for
+                kind = " with small numbers" if small else ""
+                message = f"toy MathQA has about {len(out)} distinct problems{kind}, fewer than the {count} asked for"
+                raise DataError(message, None, None, "toy.sizes.mathqa")
             continue
         seen.add(p.text)
         options, correct = options_for(rng, p)

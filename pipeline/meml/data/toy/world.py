@@ -63,8 +63,10 @@ def _write_strategyqa(raw: Path, rng: random.Random, style_rng: random.Random, n
     return render
 
 
-def _write_mathqa(raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int) -> Renderer:
-    items = toy_mathqa.generate(rng, n_train + n_test)
+def _write_mathqa(
+    raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int, small: bool = False
+) -> Renderer:
+    items = toy_mathqa.generate(rng, n_train + n_test, small)
     atomic_write_text(raw / "train.json", json.dumps([it[0] for it in items[:n_train]], indent=4) + "\n")
     atomic_write_text(raw / "test.json", json.dumps([it[0] for it in items[n_train:]], indent=4) + "\n")
     by_text = {p.text: (p, options, correct) for _, p, options, correct in items}
@@ -91,6 +93,7 @@ def build_dataset(
     n_test: int,
     n_experts: int = 3,
     gsm8k_max_ops: int | None = None,
+    mathqa_small: bool = False,
 ) -> dict[str, Any]:
     """Generate one toy data set and its expert trajectories; returns a small summary."""
     root = Path(root)
@@ -99,6 +102,8 @@ def build_dataset(
     raw = root / "raw" / dataset
     if dataset == "gsm8k":
         render = _write_gsm8k(raw, rng, style_rng, n_train, n_test, gsm8k_max_ops)
+    elif dataset == "mathqa":
+        render = _write_mathqa(raw, rng, style_rng, n_train, n_test, mathqa_small)
     else:
         render = WRITERS[dataset](raw, rng, style_rng, n_train, n_test)
     records = load_local(dataset, raw, strategyqa_test_size=n_test)
@@ -132,6 +137,15 @@ def build_dataset(
 
 
 def build_world(
-    root: str | Path, seed: int, sizes: dict[str, tuple[int, int]], n_experts: int = 3, gsm8k_max_ops: int | None = None
+    root: str | Path,
+    seed: int,
+    sizes: dict[str, tuple[int, int]],
+    n_experts: int = 3,
+    gsm8k_max_ops: int | None = None,
+    mathqa_small: bool = False,
 ) -> list[dict[str, Any]]:
-    return [build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops) for ds in DATASETS if ds in sizes]
+    return [
+        build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small)
+        for ds in DATASETS
+        if ds in sizes
+    ]
