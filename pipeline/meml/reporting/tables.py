@@ -14,7 +14,8 @@ from typing import Any
 MISSING = "–"
 DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
 TOY_NOTE = (
-    "Toy scale: tiny randomly initialised models (about 1M parameters) trained for minutes on CPU on "
+    "Toy scale: tiny models (about 1M parameters; random, or pretrained for minutes on generated text) "
+    "trained for minutes on CPU on "
     "synthetic data sets in the real data sets' formats. Compare the shape of the results with the "
     "paper's, not the values."
 )
