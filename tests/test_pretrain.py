@@ -99,10 +99,14 @@ def test_corpus_of_three_domains_holds_each_worked_correctly_and_no_test_questio
 
     kb = strategyqa.knowledge_base(random.Random("creatures"))
     test_sqa = [q.text for q in (strategyqa.make_question(random.Random(i), kb) for i in range(300))]
-    test_mqa = [mathqa.make_problem(random.Random(i)).text for i in range(300)]
+    test_mqa = [mathqa.make_problem(random.Random(i), small=True).text for i in range(60)]
     domains = ("gsm8k", "strategyqa", "mathqa")
-    texts = corpus(test_sqa + test_mqa, seed=0, documents=3000, max_ops=1, domains=domains, knowledge_base=kb)
-    assert texts == corpus(test_sqa + test_mqa, seed=0, documents=3000, max_ops=1, domains=domains, knowledge_base=kb)
+    settings = dict(seed=0, documents=3000, max_ops=1, domains=domains, knowledge_base=kb, mathqa_small=True)
+    unfiltered = {t.split("\n")[0] for t in corpus([], **settings)}  # type: ignore[arg-type]
+    # both question spaces are small enough that an unfiltered corpus holds test questions
+    assert unfiltered & set(test_sqa) and unfiltered & set(test_mqa), "the exclusion check below needs them"
+    texts = corpus(test_sqa + test_mqa, **settings)  # type: ignore[arg-type]
+    assert texts == corpus(test_sqa + test_mqa, **settings)  # type: ignore[arg-type]
     facts = {c.fact(a) for c in kb for a in ("legs", "weight", "habitat", "active")}
     passages = [t for t in texts if t.startswith("A ")]
     questions = [t for t in texts if t.endswith(("So the answer is yes.", "So the answer is no."))]

@@ -169,16 +169,18 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
         "(a MEF model that ignores its expert prompts writes one style, so one length, for all); greedy accuracy: "
         "the headline expert on the first test questions; largest answer class: its share of the test split (a "
         f"constant answer scores it). Gate: {cfg['calibration']['gate']}. Ranges (calibration.ranges, with "
-        "calibration.ranges_by_dataset laid over them): "
-        + "; ".join(
-            f"{DATASET_TITLES[ds]} rollout success {_pct(r['rollout_success'])}, finished {_pct(r['finished'])}, "
-            f"greedy {_pct(r['greedy_accuracy'])}"
-            for ds in datasets
-            for r in [ranges_for(cfg["calibration"], ds)[0]]
-        )
-        + ".",
+        "calibration.ranges_by_dataset laid over them): " + "; ".join(_ranges_of(cfg, ds) for ds in datasets) + ".",
     ]
     return table
+
+
+def _ranges_of(cfg: dict[str, Any], dataset: str) -> str:
+    """A data set's calibration ranges in words, for the table's notes."""
+    r = ranges_for(cfg["calibration"], dataset)[0]
+    return (
+        f"{DATASET_TITLES[dataset]} rollout success {_pct(r['rollout_success'])}, finished {_pct(r['finished'])}, "
+        f"greedy {_pct(r['greedy_accuracy'])}"
+    )
 
 
 def _pct(pair: list[float]) -> str:
