@@ -111,7 +111,7 @@ def labelled_token_loss(model: Any, inputs: dict[str, Any], num_items_in_batch: 
 
 def _sft_trainer_class(device: str) -> Any:
     """trl's SFTTrainer; on a CPU with `compute_loss` replaced by `labelled_token_loss` (the same
-    loss and the same logged metrics: entropy, token accuracy, tokens seen)."""
+    loss and the same logged metrics: entropy, token accuracy, tokens seen) in a single process."""
     from trl import SFTTrainer
 
     if device != "cpu":
@@ -123,6 +123,8 @@ def _sft_trainer_class(device: str) -> Any:
 
             if return_outputs:  # only evaluation loops ask for outputs; MEF runs none
                 raise NotImplementedError("the CPU MEF trainer returns the loss only")
+            if self.accelerator.num_processes > 1:  # the DDP wrapper's forward syncs the gradients: keep trl's
+                return super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
             loss, logits = labelled_token_loss(model, inputs, num_items_in_batch)
             mode = "train" if model.training else "eval"
             with torch.no_grad():
