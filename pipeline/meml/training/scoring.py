@@ -82,7 +82,7 @@ def completion_logprobs(
     first_log_probs = torch.log_softmax(first_logits, dim=-1)[rows_of]  # (N, V)
     first_tokens = torch.tensor([c[0] for c in completions], device=device)
     first_logp = first_log_probs.gather(1, first_tokens[:, None])  # (N, 1)
-    first_entropy = -(first_log_probs.exp() * first_log_probs).sum(-1, keepdim=True) if with_entropy else None
+    first_entropy = _entropy(first_log_probs).unsqueeze(-1) if with_entropy else None
 
     # 2. the rest of each completion, rows of similar length together
     order = sorted(range(n), key=lambda row: len(completions[row]))
@@ -119,7 +119,7 @@ def completion_logprobs(
         picked = log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid
         rest_logp.append(torch.nn.functional.pad(picked, fill))
         if with_entropy:
-            spread = -(log_probs.exp() * log_probs).sum(-1) * valid
+            spread = _entropy(log_probs) * valid
             rest_entropy.append(torch.nn.functional.pad(spread, fill))
 
     back = torch.empty(n, dtype=torch.long)  # the position of each row in the sorted order
@@ -134,6 +134,14 @@ def completion_logprobs(
     for row, c in enumerate(completions):
         mask[row, : len(c)] = True
     return logp, mask.to(device), entropy
+
+
+def _entropy(log_probs: Tensor) -> Tensor:
+    """The entropy of each distribution over the last axis. A logged metric that no loss uses, so
+    it is computed without a graph: autograd neither records its (rows, tokens, V) products nor
+    keeps them for the backward pass."""
+    with torch.no_grad():
+        return -(log_probs.exp() * log_probs).sum(-1)
 
 
 def whole_rows(
@@ -173,7 +181,7 @@ def whole_rows(
         log_probs = torch.log_softmax(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), dim=-1)
         logps.append(log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid)
         if with_entropy:
-            entropies.append(-(log_probs.exp() * log_probs).sum(-1) * valid)
+            entropies.append(_entropy(log_probs) * valid)
     back = torch.empty(n, dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(n)
     back = back.to(device)
