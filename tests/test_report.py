@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import PROJECT
 from meml.core.config import load_config
 from meml.core.io import DataError
 from meml.plan import grid
+from meml.reporting import stats
 from meml.reporting.report import build
 
 # expert-1 accuracy per (method, data set, seed); every other expert scores 0.30, the vote 0.40
@@ -327,6 +329,26 @@ def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
         x.startswith("| claim | run `t` difference [95% CI] | run `t` verdict | run `t2` difference")
         for x in table.splitlines()
     )
+
+
+@pytest.mark.parametrize("seeds_vary", [["rl"], ["sft", "rl"], ["pretrain", "sft", "rl"]])
+def test_cells_of_one_seed_base_are_averaged_seed_by_seed(tmp_path: Path, seeds_vary: list[str]) -> None:
+    cfg = _config(**{"grid.seeds_vary": seeds_vary})
+    _write_results(cfg, tmp_path / "results")
+    build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    line = next(x for x in (tmp_path / "report" / "index.md").read_text().splitlines() if x.startswith("- IML adds"))
+    # MEML-GRPO minus MoE+HSFT (test_extra_tables_and_summary_by_hand), in points, 10 questions.
+    # gsm8k: -100 on q1, q2 (seed 0) and q2 (seed 1): row means -20, -10, MS_seed 500,
+    # MS_q 2 (15^2 + 35^2 + 85^2 + 7 15^2) / 9 = 2277.8, MS_e 500. mathqa: +100 on q1-q4 (seed 0) and
+    # q1-q5 (seed 1): rows 40, 50, MS_seed 500, MS_q 2 (45^2 + 4 55^2 + 5^2 + 4 45^2) / 9 = 4944.4, MS_e 500.
+    ms_q1, ms_q2 = 2 * 10250 / 9, 2 * 22250 / 9
+    if "pretrain" in seeds_vary:  # seed s's two cells share its base: per-seed averages 10, 20
+        parts = [(50 / 2, 1), (ms_q1 / 80, 9), (-500 / 80, 9), (ms_q2 / 80, 9), (-500 / 80, 9)]
+    else:  # independent cells: each cell's (MS_seed + MS_q - MS_e) / (S n), over K^2 = 4
+        parts = [(v / 80, df) for ms_q in (ms_q1, ms_q2) for v, df in ((500, 1), (ms_q, 9), (-500, 9))]
+    var = sum(v for v, _ in parts)
+    est = stats.Estimate(15.0, math.sqrt(var), var**2 / sum(v * v / df for v, df in parts))
+    assert "difference +15.0 [95% CI {:+.1f}, {:+.1f}]".format(*est.interval()) in line
 
 
 def test_where_the_spread_comes_from_by_hand(built: tuple[dict, Path]) -> None:

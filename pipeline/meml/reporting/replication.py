@@ -4,7 +4,7 @@ and the runs pooled.
 
 Why: a result counts when a second independent run agrees. Each run is decided on its own page
 (Holm over its own tests, as its own report does); the pooled estimate is the mean of the runs'
-estimates with their variances added (independent runs, as cells are: stats.average), decided with
+estimates with their variances added (independent runs: stats.average), decided with
 Holm over the pooled page. Two runs that disagree where both intervals are narrow point at
 something the intervals leave out; that is the question the table is for.
 

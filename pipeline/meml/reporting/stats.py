@@ -20,8 +20,10 @@ seeds with a training effect (tests/test_stats.py prints the rates of both). Kep
 below 3 seeds (report.stats.min_seeds). The question
 component is set to 0 when MS_question falls below MS_e (Var = MS_seed / (S n)), which errs wide.
 With one seed the interval covers the test sample only; with one question per seed (a per-seed
-quantity such as the final training reward) it is the t-interval over seeds. Cells are independent
-runs: an average over cells adds their variances. Why not a bootstrap: with 5 seeds a resampling
+quantity such as the final training reward) it is the t-interval over seeds. An average over
+independent cells adds their variances (`average`); cells whose seed k starts from one shared
+model (seed k's pretrained base, read by every data set's SFT) are not independent, and are
+averaged seed by seed (`joint_average`). Why not a bootstrap: with 5 seeds a resampling
 interval is too narrow (it has 5 distinct seed sets to draw from), and this estimator is exact
 enough to check by hand.
 """
@@ -145,6 +147,41 @@ def average(estimates: Sequence[Estimate]) -> Estimate:
         return Estimate(mean, math.nan, 0.0)
     variances = [(e.se**2 / k**2, e.df) for e in estimates]
     return Estimate(mean, math.sqrt(sum(v for v, _ in variances)), _satterthwaite(variances))
+
+
+def joint_average(matrices: Sequence[np.ndarray]) -> Estimate:
+    """The mean of K cells whose row s is the same seed s in every cell (seed s's runs share its
+    pretrained base, so their errors are correlated across cells: adding the cells' variances would
+    leave the covariance out). With y_s the seed's average over the cells' question means,
+
+        Var(mean) = var_s(y_s) / S + sum_k s2_question_k / (n_k K^2),  s2_question_k = (MS_q - MS_e) / S
+
+    var_s(y_s) holds the seed effects, their covariances across cells and the residuals; the
+    questions, the same for every seed, move every y_s alike, so their part is added per cell where
+    it is positive (as in cell_estimate). One cell is cell_estimate; one seed leaves nothing to
+    correlate, so it is the independent `average`. Degrees of freedom: Satterthwaite."""
+    xs = [np.asarray(x, dtype=np.float64) for x in matrices]
+    if not xs:
+        raise ValueError("nothing to average")
+    if any(x.ndim != 2 or x.size == 0 for x in xs) or len({x.shape[0] for x in xs}) != 1:
+        raise ValueError(f"expected seeds x questions matrices with the same seeds, got {[x.shape for x in xs]}")
+    if len(xs) == 1:
+        return cell_estimate(xs[0])
+    n_seeds, k = xs[0].shape[0], len(xs)
+    if n_seeds == 1:
+        return average([cell_estimate(x) for x in xs])
+    per_seed = np.mean([x.mean(axis=1) for x in xs], axis=0)  # y_s
+    parts = [(float(per_seed.var(ddof=1)) / n_seeds, float(n_seeds - 1))]
+    for x in xs:
+        n_q = x.shape[1]
+        if n_q < 2:
+            continue
+        _, ms_q, ms_e = _mean_squares(x)
+        if ms_q > ms_e:
+            scale = n_seeds * n_q * k * k
+            parts += [(ms_q / scale, float(n_q - 1)), (-ms_e / scale, float((n_seeds - 1) * (n_q - 1)))]
+    total = sum(v for v, _ in parts)
+    return Estimate(float(per_seed.mean()), math.sqrt(max(total, 0.0)), _satterthwaite(parts))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -105,14 +105,17 @@ class Summary:
         measure_b = entry.get("b_measure", measure_a)
         diffs, side_a, side_b, chances = [], [], [], []
         for model in models:
+            cells_a, cells_b = [], []
             for ds in datasets:
                 (ids_a, xa), (ids_b, xb) = self._matrix(model, ds, a, measure_a), self._matrix(model, ds, b, measure_b)
                 if ids_a != ids_b:
                     raise DataError(f"{a} and {b} were evaluated on different questions ({model}/{ds}): not paired")
-                diffs.append(stats.cell_estimate(xa - xb))
-                side_a.append(stats.cell_estimate(xa))
-                side_b.append(stats.cell_estimate(xb))
+                cells_a.append(xa)
+                cells_b.append(xb)
                 chances.append(0.0 if measure_a == "final_reward" else self.chance(model, ds, a))
+            diffs.append(model_average(self.cfg, model, [xa - xb for xa, xb in zip(cells_a, cells_b, strict=True)]))
+            side_a.append(model_average(self.cfg, model, cells_a))
+            side_b.append(model_average(self.cfg, model, cells_b))
         comparison = Comparison(
             entry["text"], a, b if measure_b != "vote" else f"{b} (vote)", entry["claim"], entry["table"],
             stats.average(diffs), (stats.average(side_a), stats.average(side_b)), self.paper(entry, models, datasets),
@@ -284,6 +287,16 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
+def model_average(cfg: dict[str, Any], model: str, cells: list[np.ndarray]) -> stats.Estimate:
+    """One model's average over its data sets' seeds x questions matrices. Where seeds retrain the
+    tiny base, seed k's cells all start from seed k's base, so they are averaged seed by seed
+    (stats.joint_average); otherwise the cells are independent runs (stats.average). Models are
+    independent of each other: callers add their variances."""
+    if grid.varies(cfg, "pretrain") and grid.tiny_folder(cfg, model):
+        return stats.joint_average(cells)
+    return stats.average([stats.cell_estimate(x) for x in cells])
+
+
 def _regime_lines(cfg: dict[str, Any], results: Results, root: Path) -> list[str]:
     lines = []
     used = set(grid.used_methods(cfg))
@@ -295,8 +308,7 @@ def _regime_lines(cfg: dict[str, Any], results: Results, root: Path) -> list[str
             runs = [results.steps(model, ds, "MoE-SFT-GRPO", s) for s in cfg["grid"]["seeds"]]
             return np.array([[100 * statistics.fmean(share(r) for r in rows)] for rows in runs])
 
-        cells = [stats.cell_estimate(per_seed(m, ds)) for m in models for ds in datasets]
-        est = stats.average(cells)
+        est = stats.average([model_average(cfg, m, [per_seed(m, ds) for ds in datasets]) for m in models])
         band = "" if not est.has_interval else " [95% CI {:.1f}, {:.1f} over seeds]".format(*est.interval())
         lines.append(
             f"- Reward sparsity (the paper's motivation: most subgroups get no signal): {est.mean:.1f}%{band} of "
