@@ -331,9 +331,15 @@ def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("seeds_vary", [["rl"], ["sft", "rl"], ["pretrain", "sft", "rl"]])
-def test_cells_of_one_seed_base_are_averaged_seed_by_seed(tmp_path: Path, seeds_vary: list[str]) -> None:
-    cfg = _config(**{"grid.seeds_vary": seeds_vary})
+@pytest.mark.parametrize(
+    ("seeds_vary", "models"),
+    [(["rl"], ["qwen2"]), (["sft", "rl"], ["qwen2"]), (["pretrain", "sft", "rl"], ["qwen2"]),
+     (["pretrain", "sft", "rl"], ["qwen2", "llama"])],
+)  # fmt: skip
+def test_cells_of_one_seed_base_are_averaged_seed_by_seed(
+    tmp_path: Path, seeds_vary: list[str], models: list[str]
+) -> None:
+    cfg = _config(**{"grid.seeds_vary": seeds_vary, "grid.models": models})
     _write_results(cfg, tmp_path / "results")
     build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
     line = next(x for x in (tmp_path / "report" / "index.md").read_text().splitlines() if x.startswith("- IML adds"))
@@ -342,9 +348,12 @@ def test_cells_of_one_seed_base_are_averaged_seed_by_seed(tmp_path: Path, seeds_
     # MS_q 2 (15^2 + 35^2 + 85^2 + 7 15^2) / 9 = 2277.8, MS_e 500. mathqa: +100 on q1-q4 (seed 0) and
     # q1-q5 (seed 1): rows 40, 50, MS_seed 500, MS_q 2 (45^2 + 4 55^2 + 5^2 + 4 45^2) / 9 = 4944.4, MS_e 500.
     ms_q1, ms_q2 = 2 * 10250 / 9, 2 * 22250 / 9
-    if "pretrain" in seeds_vary:  # seed s's two cells share its base: per-seed averages 10, 20
-        parts = [(50 / 2, 1), (ms_q1 / 80, 9), (-500 / 80, 9), (ms_q2 / 80, 9), (-500 / 80, 9)]
-    else:  # independent cells: each cell's (MS_seed + MS_q - MS_e) / (S n), over K^2 = 4
+    if "pretrain" in seeds_vary:  # seed s's cells share its base: per-seed averages 10, 20
+        # (both tiny models of seed s are pretrained in one job: their cells, here the same numbers,
+        # join the seed's average; K = 4 cells then, each question part over S n K^2 = 320)
+        k2 = 4 * len(models) ** 2
+        parts = [(50 / 2, 1)] + [(v / (20 * k2), 9) for _ in models for v in (ms_q1, -500, ms_q2, -500)]
+    else:  # independent cells: each cell's (MS_seed + MS_q - MS_e) / (S n), over K^2 = 4 (one model)
         parts = [(v / 80, df) for ms_q in (ms_q1, ms_q2) for v, df in ((500, 1), (ms_q, 9), (-500, 9))]
     var = sum(v for v, _ in parts)
     est = stats.Estimate(15.0, math.sqrt(var), var**2 / sum(v * v / df for v, df in parts))

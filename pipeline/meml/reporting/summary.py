@@ -103,9 +103,8 @@ class Summary:
         a, b = entry["a"], entry["b"]
         measure_a = entry.get("measure", "accuracy")
         measure_b = entry.get("b_measure", measure_a)
-        diffs, side_a, side_b, chances = [], [], [], []
+        cells_a, cells_b, chances = [], [], []
         for model in models:
-            cells_a, cells_b = [], []
             for ds in datasets:
                 (ids_a, xa), (ids_b, xb) = self._matrix(model, ds, a, measure_a), self._matrix(model, ds, b, measure_b)
                 if ids_a != ids_b:
@@ -113,12 +112,12 @@ class Summary:
                 cells_a.append(xa)
                 cells_b.append(xb)
                 chances.append(0.0 if measure_a == "final_reward" else self.chance(model, ds, a))
-            diffs.append(model_average(self.cfg, model, [xa - xb for xa, xb in zip(cells_a, cells_b, strict=True)]))
-            side_a.append(model_average(self.cfg, model, cells_a))
-            side_b.append(model_average(self.cfg, model, cells_b))
+        diffs = [xa - xb for xa, xb in zip(cells_a, cells_b, strict=True)]
         comparison = Comparison(
             entry["text"], a, b if measure_b != "vote" else f"{b} (vote)", entry["claim"], entry["table"],
-            stats.average(diffs), (stats.average(side_a), stats.average(side_b)), self.paper(entry, models, datasets),
+            cells_average(self.cfg, models, diffs),
+            (cells_average(self.cfg, models, cells_a), cells_average(self.cfg, models, cells_b)),
+            self.paper(entry, models, datasets),
         )  # fmt: skip
         comparison.no_verdict = self._no_verdict(comparison, statistics.fmean(chances), measure_a)
         return comparison
@@ -287,12 +286,14 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def model_average(cfg: dict[str, Any], model: str, cells: list[np.ndarray]) -> stats.Estimate:
-    """One model's average over its data sets' seeds x questions matrices. Where seeds retrain the
-    tiny base, seed k's cells all start from seed k's base, so they are averaged seed by seed
-    (stats.joint_average); otherwise the cells are independent runs (stats.average). Models are
-    independent of each other: callers add their variances."""
-    if grid.varies(cfg, "pretrain") and grid.tiny_folder(cfg, model):
+def cells_average(cfg: dict[str, Any], models: list[str], cells: list[np.ndarray]) -> stats.Estimate:
+    """The average over the page's cells (models x data sets, each a seeds x questions matrix, each
+    cell weighing the same). Where seeds retrain the tiny base, seed k's cells are not independent:
+    every data set's SFT starts from seed k's base, and every tiny model of seed k is pretrained in
+    one job from one corpus draw. They are then averaged seed by seed (stats.joint_average, valid
+    whatever the cells share, so a hub model's cells may join them); otherwise the cells are
+    independent runs and their variances add (stats.average)."""
+    if grid.varies(cfg, "pretrain") and any(grid.tiny_folder(cfg, m) for m in models):
         return stats.joint_average(cells)
     return stats.average([stats.cell_estimate(x) for x in cells])
 
@@ -308,7 +309,7 @@ def _regime_lines(cfg: dict[str, Any], results: Results, root: Path) -> list[str
             runs = [results.steps(model, ds, "MoE-SFT-GRPO", s) for s in cfg["grid"]["seeds"]]
             return np.array([[100 * statistics.fmean(share(r) for r in rows)] for rows in runs])
 
-        est = stats.average([model_average(cfg, m, [per_seed(m, ds) for ds in datasets]) for m in models])
+        est = cells_average(cfg, models, [per_seed(m, ds) for m in models for ds in datasets])
         band = "" if not est.has_interval else " [95% CI {:.1f}, {:.1f} over seeds]".format(*est.interval())
         lines.append(
             f"- Reward sparsity (the paper's motivation: most subgroups get no signal): {est.mean:.1f}%{band} of "
