@@ -55,9 +55,9 @@ def _samples(ds: str, experts: dict, vote: bool, n: int = 10) -> list[dict]:
     return rows
 
 
-def _write_results(cfg: dict, root: Path) -> None:
+def _write_results(cfg: dict, root: Path, e1_table: dict | None = None) -> None:
     for cell in grid.cells(cfg):
-        e1 = E1.get((cell.method, cell.dataset), [0.20, 0.20])[cell.seed]
+        e1 = (E1 if e1_table is None else e1_table).get((cell.method, cell.dataset), [0.20, 0.20])[cell.seed]
         experts = {
             f"e{k}": {"strict": 0.0, "lenient": e1 if k == 1 else 0.30, "finished": 0.5 if cell.seed else 1.0}
             for k in grid.eval_experts(cfg, cell.method)
@@ -369,3 +369,67 @@ def test_where_the_spread_comes_from_by_hand(built: tuple[dict, Path]) -> None:
     # sd sqrt(((2277.8 - 500) / 2 + 500) / 10) = 11.8
     assert "MEML-GRPO 0.0 / 11.8" in line
     assert "(a seed retrains: rl; the data are the same for every seed)" in index
+
+
+def _write_starts(cfg: dict, root: Path, sft_per_seed: bool, base_per_seed: bool) -> None:
+    """The DONE files' record of the weights each run started from: every seed's RL from its own SFT
+    model or all from one, every seed's SFT from its own base or all from one."""
+    for cell in grid.cells(cfg):
+        start = f"sft-{cell.method}-{cell.seed if sft_per_seed else 0}"
+        (root / "rl" / cell.path / "DONE").write_text(json.dumps({"environment": {"start_weights_sha256": start}}))
+    if sft_per_seed:
+        for model, ds, run in {(c.model, c.dataset, grid.sft_run(cfg, [0, 1, 2], c.seed)) for c in grid.cells(cfg)}:
+            for variant in (run, run.replace("e0-e1-e2", "e1")):
+                seed = grid.run_seed(variant)
+                done = root / "sft" / model / ds / variant / "DONE"
+                done.parent.mkdir(parents=True, exist_ok=True)
+                base = f"base-{seed if base_per_seed else 0}"
+                done.write_text(json.dumps({"environment": {"start_weights_sha256": base}}))
+
+
+def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
+    runs = {"t-sft": "report.stages.sft", "t-rl": "report.stages.rl"}
+    cfg = _config(**{"grid.seeds_vary": ["pretrain", "sft", "rl"], "report.stages": {"sft": "t-sft", "rl": "t-rl"}})
+    results = tmp_path / "results"
+    # expert 1's accuracy per seed, right on the first p * 10 questions. MEML-GRPO on gsm8k: whole chain
+    # [0.1, 0.5], SFT and RL only [0.2, 0.4], RL only [0.3, 0.3]. With 2 seeds the seed component is
+    # d^2 / 2 - sum_j (delta_j - d)^2 / (2 n (n - 1)), delta_j = seed 0 minus seed 1 on question j, d
+    # their mean: whole chain d = -40, deltas 0, -100 x 4, 0 x 5: 800 - 24000 / 180 = 666.7 (sd 25.8);
+    # SFT and RL d = -20, deltas 0 x 2, -100 x 2, 0 x 6: 200 - 16000 / 180 = 111.1 (sd 10.5); RL only 0.
+    # Shares of 666.7: pretraining 555.6 (83%), SFT 111.1 (17%), RL 0 (0%). MoE-SFT-GRPO on mathqa the
+    # other way round (whole chain [0.2, 0.4], SFT and RL [0.1, 0.5]): pretraining -555.6 of 111.1, -500%.
+    design = {
+        "t": {("MEML-GRPO", "gsm8k"): [0.1, 0.5], ("MoE-SFT-GRPO", "mathqa"): [0.2, 0.4]},
+        "t-sft": {("MEML-GRPO", "gsm8k"): [0.2, 0.4], ("MoE-SFT-GRPO", "mathqa"): [0.1, 0.5]},
+        "t-rl": {("MEML-GRPO", "gsm8k"): [0.3, 0.3], ("MoE-SFT-GRPO", "mathqa"): [0.3, 0.3]},
+    }
+    reference = PROJECT / "report" / "paper_reference.yaml"
+    _write_results(cfg, results / "t", design["t"])
+    _write_starts(cfg, results / "t", sft_per_seed=True, base_per_seed=True)
+    with pytest.raises(DataError, match="no results for 't-sft'") as err:
+        build(cfg, results / "t", tmp_path / "report", reference)
+    assert err.value.field == "report.stages.sft"
+    for name in runs:
+        _write_results(cfg, results / name, design[name])
+    # the runs' files are the judge of what their seeds retrained: t-rl named as the SFT run is refused
+    _write_starts(cfg, results / "t-sft", sft_per_seed=False, base_per_seed=False)
+    with pytest.raises(DataError, match=r"'t-sft' should retrain \['sft', 'rl'\].*say \['rl'\]") as err:
+        build(cfg, results / "t", tmp_path / "report", reference)
+    assert err.value.field == "report.stages.sft"
+    _write_starts(cfg, results / "t-sft", sft_per_seed=True, base_per_seed=False)
+    _write_starts(cfg, results / "t-rl", sft_per_seed=False, base_per_seed=False)
+    build(cfg, results / "t", tmp_path / "report", reference)
+    table = (tmp_path / "report" / "tables" / "stages.md").read_text()
+    assert _row(table, "gsm8k", "MEML-GRPO")[3:] == ["25.8", "10.5", "0.0", "83%", "17%", "0%", "13.7"]
+    # test sd: MS_q = 2 (70^2 + 4 20^2 + 5 30^2) / 9 = 2444.4, MS_e = 24000 / 18 = 1333.3,
+    # sqrt(((2444.4 - 1333.3) / 2 + 1333.3) / 10) = 13.7
+    assert _row(table, "mathqa", "MoE-SFT-GRPO")[3:7] == ["10.5", "25.8", "0.0", "-500%"]  # noise, not clipped
+    assert _row(table, "gsm8k", "MoE+HSFT")[6:9] == ["–", "–", "–"]  # no training variance to share
+    assert _row(table, "gsm8k", "MEML-GRPO - MoE-SFT-GRPO")  # the claims' differences too
+    index = (tmp_path / "report" / "index.md").read_text()
+    assert "- qwen2 x gsm8k: pretraining 83%, SFT 17%, RL 0%." in index  # the only method with a spread there
+    # a run whose seeds retrain RL only has nothing to split off
+    rl_only = _config(**{"grid.seeds_vary": ["rl"], "report.stages": {"rl": "t-rl"}})
+    with pytest.raises(DataError, match="splits nothing off it") as err:
+        grid.check(rl_only, 3)  # the workflow's check when it loads the config
+    assert err.value.field == "report.stages.rl"

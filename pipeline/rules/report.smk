@@ -8,6 +8,7 @@ TABLES = (
     + (["base", "base_samples"] if config["eval"]["base"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
     + (["replication"] if config["report"]["replicates"] else [])
+    + (["stages"] if config["report"]["stages"] else [])
 )
 
 
@@ -27,6 +28,13 @@ rule report:
         # the replicates' evaluations (report.replicates): runs of their own profile, made before this
         # one's report; no rule here writes them, so a missing one stops the report with its path
         replicates=[f"results/{name}/eval/{c.path}.json" for name in config["report"]["replicates"] for c in CELLS],
+        # the runs of this grid whose seeds retrain less (report.stages), made the same way
+        stages=[
+            f"results/{name}/{kind}"
+            for name in config["report"]["stages"].values()
+            for c in CELLS
+            for kind in (f"eval/{c.path}.json", f"rl/{c.path}/DONE")
+        ],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),
         teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])

@@ -271,6 +271,7 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
             None,
             "grid.seeds_vary",
         )
+    check_stages(cfg)
     for section in ("grid", "extras"):
         for i, name in enumerate(cfg[section]["methods"] or []):
             if name not in cfg["methods"]:
@@ -333,6 +334,24 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
     check_lengths(cfg)
     for name in used_methods(cfg):
         check_method(cfg, name, n_prompts)
+
+
+# report.stages: runs of the same grid whose seeds retrain less (reporting/stages.py)
+STAGE_SCOPES = {"sft": ["sft", "rl"], "rl": ["rl"]}
+
+
+def check_stages(cfg: dict[str, Any]) -> None:
+    """Each run named in report.stages must retrain less than this one, or it splits nothing off."""
+    vary = cfg["grid"]["seeds_vary"]
+    for key in cfg["report"]["stages"]:
+        if not set(STAGE_SCOPES[key]) < set(vary):
+            raise DataError(
+                f"this run's seeds retrain {vary} (grid.seeds_vary): a run whose seeds retrain {STAGE_SCOPES[key]} "
+                "splits nothing off it",
+                None,
+                None,
+                f"report.stages.{key}",
+            )
 
 
 def check_lengths(cfg: dict[str, Any]) -> None:

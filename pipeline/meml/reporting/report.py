@@ -74,6 +74,13 @@ def build(
 
         table, replication_lines = replication(cfg, root, reference)
         tables.append(table)
+    if cfg["report"]["stages"]:
+        from meml.reporting.stages import stages_table
+
+        entries = summary.Summary(cfg, results, reference).entries(summary.load_claims(cfg["report"]["claims"]))
+        table, stage_lines = stages_table(cfg, root, summary.spread_pairs(entries))
+        tables.append(table)
+        replication_lines += stage_lines
     written: list[Path] = []
     for table in tables:
         for ext, render in (("md", to_markdown), ("tex", to_latex)):

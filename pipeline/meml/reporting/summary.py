@@ -245,14 +245,20 @@ def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[st
         elif section == "questions":
             lines += ["", "The open questions need the extras (`config/toy-seeds.yaml`); this run has none."]
     lines += ["", "The regime (descriptive, no verdict):", *_regime_lines(cfg, results, root)]
+    lines += _spread_lines(summary, spread_pairs(entries))
+    return lines
+
+
+def spread_pairs(entries: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """The (a, b) method pairs of the claims whose spread is reported: grid methods, accuracy on
+    both sides (a difference of two seeds x questions matrices), each pair once."""
     paired = [
         (e["a"], e["b"])
         for _, e in entries
         if e.get("scope", "grid") == "grid"
         and e.get("measure", "accuracy") == e.get("b_measure", "accuracy") == "accuracy"
     ]
-    lines += _spread_lines(summary, list(dict.fromkeys(paired)))
-    return lines
+    return list(dict.fromkeys(paired))
 
 
 def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
