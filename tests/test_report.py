@@ -398,10 +398,25 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     # SFT and RL d = -20, deltas 0 x 2, -100 x 2, 0 x 6: 200 - 16000 / 180 = 111.1 (sd 10.5); RL only 0.
     # Shares of 666.7: pretraining 555.6 (83%), SFT 111.1 (17%), RL 0 (0%). MoE-SFT-GRPO on mathqa the
     # other way round (whole chain [0.2, 0.4], SFT and RL [0.1, 0.5]): pretraining -555.6 of 111.1, -500%.
+    # MoE+IML on gsm8k as MEML-GRPO, but its RL-only seeds right on q0 and on q1 (edited below): d = 0,
+    # deltas +100, -100, 0 x 8: 0 - 20000 / 180 = -111.1 before the clip (sd 0.0). Unclipped, RL is
+    # -111.1 (-17%) and SFT 111.1 + 111.1 (33%); clipped on each side they would read 0% and 17%.
     design = {
-        "t": {("MEML-GRPO", "gsm8k"): [0.1, 0.5], ("MoE-SFT-GRPO", "mathqa"): [0.2, 0.4]},
-        "t-sft": {("MEML-GRPO", "gsm8k"): [0.2, 0.4], ("MoE-SFT-GRPO", "mathqa"): [0.1, 0.5]},
-        "t-rl": {("MEML-GRPO", "gsm8k"): [0.3, 0.3], ("MoE-SFT-GRPO", "mathqa"): [0.3, 0.3]},
+        "t": {
+            ("MEML-GRPO", "gsm8k"): [0.1, 0.5],
+            ("MoE-SFT-GRPO", "mathqa"): [0.2, 0.4],
+            ("MoE+IML", "gsm8k"): [0.1, 0.5],
+        },
+        "t-sft": {
+            ("MEML-GRPO", "gsm8k"): [0.2, 0.4],
+            ("MoE-SFT-GRPO", "mathqa"): [0.1, 0.5],
+            ("MoE+IML", "gsm8k"): [0.2, 0.4],
+        },
+        "t-rl": {
+            ("MEML-GRPO", "gsm8k"): [0.3, 0.3],
+            ("MoE-SFT-GRPO", "mathqa"): [0.3, 0.3],
+            ("MoE+IML", "gsm8k"): [0.1, 0.1],
+        },
     }
     reference = PROJECT / "report" / "paper_reference.yaml"
     _write_results(cfg, results / "t", design["t"])
@@ -411,6 +426,11 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     assert err.value.field == "report.stages.sft"
     for name in runs:
         _write_results(cfg, results / name, design[name])
+    moved = results / "t-rl" / "eval" / "qwen2" / "gsm8k" / "MoE+IML" / "seed1.json"
+    data = json.loads(moved.read_text())
+    first, second = data["model"]["samples"][:2]
+    first["e1"]["lenient_correct"], second["e1"]["lenient_correct"] = False, True
+    moved.write_text(json.dumps(data))
     # the runs' files are the judge of what their seeds retrained: t-rl named as the SFT run is refused
     _write_starts(cfg, results / "t-sft", sft_per_seed=False, base_per_seed=False)
     with pytest.raises(DataError, match=r"'t-sft' should retrain \['sft', 'rl'\].*say \['rl'\]") as err:
@@ -425,9 +445,26 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     # sqrt(((2444.4 - 1333.3) / 2 + 1333.3) / 10) = 13.7
     assert _row(table, "mathqa", "MoE-SFT-GRPO")[3:7] == ["10.5", "25.8", "0.0", "-500%"]  # noise, not clipped
     assert _row(table, "gsm8k", "MoE+HSFT")[6:9] == ["–", "–", "–"]  # no training variance to share
-    assert _row(table, "gsm8k", "MEML-GRPO - MoE-SFT-GRPO")  # the claims' differences too
+    assert _row(table, "gsm8k", "MoE+IML")[3:] == ["25.8", "10.5", "0.0", "83%", "33%", "-17%", "13.7"]
+    # the claims' differences too: MoE-SFT-GRPO is right on q0, q1 in every seed of every run, so the seed
+    # parts are MEML-GRPO's; test sd: column means 0, -50, 50 x 3, 0 x 5 (grand 10), MS_q = 2 (100 + 3600
+    # + 3 1600 + 5 100) / 9 = 2000, MS_e = 24000 / 18 = 1333.3, sqrt(((2000 - 1333.3) / 2 + 1333.3) / 10) = 12.9
+    assert _row(table, "gsm8k", "MEML-GRPO - MoE-SFT-GRPO")[3:] == ["25.8", "10.5", "0.0", "83%", "17%", "0%", "12.9"]
     index = (tmp_path / "report" / "index.md").read_text()
-    assert "- qwen2 x gsm8k: pretraining 83%, SFT 17%, RL 0%." in index  # the only method with a spread there
+    # summed over the methods (MEML-GRPO and MoE+IML; the others have no spread): whole 1333.3,
+    # pretraining 1111.1 (83%), SFT 111.1 + 222.2 (25%), RL -111.1 (-8%)
+    assert "- qwen2 x gsm8k: pretraining 83%, SFT 25%, RL -8%." in index
+    # the RL run named as the one that retrains SFT and RL is refused too
+    too_much = _config(**{"grid.seeds_vary": ["pretrain", "sft", "rl"], "report.stages": {"rl": "t-sft"}})
+    with pytest.raises(DataError, match=r"'t-sft' should retrain \['rl'\].*say \['sft', 'rl'\]") as err:
+        build(too_much, results / "t", tmp_path / "report", reference)
+    assert err.value.field == "report.stages.rl"
+    # a hub model's base is never retrained: no pretraining spread to split off
+    hub = _config(**{"grid.seeds_vary": ["pretrain", "sft", "rl"], "report.stages": {"sft": "t-sft"}})
+    hub["models"]["qwen2"]["source"] = "Qwen/Qwen2.5-Math-1.5B"
+    with pytest.raises(DataError, match="qwen2: a hub or GGUF model's base is never retrained") as err:
+        grid.check_stages(hub)
+    assert err.value.field == "report.stages.sft"
     # a run whose seeds retrain RL only has nothing to split off
     rl_only = _config(**{"grid.seeds_vary": ["rl"], "report.stages": {"rl": "t-rl"}})
     with pytest.raises(DataError, match="splits nothing off it") as err:

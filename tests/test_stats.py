@@ -50,10 +50,11 @@ def test_variance_components_by_hand() -> None:
     # seed: (13.5 - 1.5) / 3 = 4 -> sd 2; question: (6.5 - 1.5) / 2 = 2.5; test sd sqrt((2.5 + 1.5) / 3)
     c = stats.components(np.array([[1.0, 2.0, 3.0], [3.0, 4.0, 8.0]], dtype=np.float32))
     assert c.seed == pytest.approx(2.0, rel=1e-12) and c.test == pytest.approx(math.sqrt(4 / 3), rel=1e-12)
-    assert (c.seeds, c.questions) == (2, 3)
+    assert (c.seeds, c.questions) == (2, 3) and c.seed_variance == pytest.approx(4.0, rel=1e-12)
     # MS_seed 1.5 below MS_e 2: the seed component reads 0; MS_q 2 = MS_e: the test sd is sqrt(MS_e / n)
     c = stats.components(np.array([[-0.5, 1.5, 3.5], [2.5, 2.5, 2.5]]))
     assert c.seed == 0.0 and c.test == pytest.approx(math.sqrt(2 / 3), rel=1e-12)
+    assert c.seed_variance == pytest.approx((1.5 - 2) / 3, rel=1e-12)  # before the clip: -1/6
     with pytest.raises(ValueError, match="2 or more seeds"):
         stats.components(np.ones((1, 5)))
 

@@ -352,6 +352,16 @@ def check_stages(cfg: dict[str, Any]) -> None:
                 None,
                 f"report.stages.{key}",
             )
+    if "sft" in cfg["report"]["stages"] and varies(cfg, "pretrain"):
+        shared = [m for m in models(cfg) if not tiny_folder(cfg, m)]
+        if shared:
+            raise DataError(
+                f"{', '.join(shared)}: a hub or GGUF model's base is never retrained, so there is no pretraining "
+                "spread to split off; run the stage split on tiny models",
+                None,
+                None,
+                "report.stages.sft",
+            )
 
 
 def check_lengths(cfg: dict[str, Any]) -> None:

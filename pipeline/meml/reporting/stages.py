@@ -10,9 +10,14 @@ With s2(.) the seed component of each run's seeds x questions matrix (stats.comp
 
     pretraining = s2(whole) - s2(sft, rl)     SFT = s2(sft, rl) - s2(rl)     RL = s2(rl)
 
-The test sample's part is the same in every run (the same questions) and is reported beside them.
-Each s2 comes from S seeds (S - 1 degrees of freedom), so a difference of two can come out
-negative: that is estimation noise, shown as it is, not clipped.
+each s2 taken before the clip at 0 that the sd columns apply (a clip on each side of a difference
+would bias it). The test sample's part is the same in every run (the same questions) and is
+reported beside them. Each s2 comes from S seeds (S - 1 degrees of freedom), so a part can come out
+negative: that is estimation noise, shown as it is.
+
+The runs must come from the same config but for grid.seeds_vary and profile (the same base seed,
+so that their seed 0 is the same chain); that is the user's to keep, since the weights' hashes
+match only on the same machine and thread count.
 
 What each run's seeds retrained is read from its files, not trusted from its profile's name: every
 RL run's DONE holds the hash of the weights it started from (core/environment.py), one model for
@@ -147,27 +152,30 @@ def stages_table(cfg: dict[str, Any], root: Path, pairs: list[tuple[str, str]]) 
             rows += [(f"{a} - {b}", [matrix(r, a) - matrix(r, b) for r in results]) for a, b in pairs]
             for label, matrices in rows:
                 parts = [stats.components(x) for x in matrices]
-                variances = [c.seed**2 for c in parts]
+                variances = [c.seed_variance for c in parts]
                 shares = split(variances)
                 sds, test = [f"{c.seed:.1f}" for c in parts], f"{parts[0].test:.1f}"
                 table.add([model, ds, label], sds + [_share(s, variances[0]) for s in shares] + [test])
-                if " - " not in label and variances[0] > 0:
-                    totals.setdefault((model, ds), []).append([s / variances[0] for s in shares])
+                if " - " not in label:
+                    totals.setdefault((model, ds), []).append([variances[0], *shares])
     seeds, names = len(cfg["grid"]["seeds"]), [profile for _, profile, _ in runs]
     table.notes.append(
         f"Each run: the same grid and base seed; its seeds retrain what its column says ({', '.join(names)}). "
-        "Training sd: the seed component of the run's seeds x questions matrix (method of moments). A stage's share: "
-        "the drop in seed variance when the seeds stop retraining it, over the first run's seed variance. Each "
+        "Training sd: the seed component of the run's seeds x questions matrix (method of moments, read as 0 when "
+        "negative). A stage's share: the drop in seed variance (unclipped) when the seeds stop retraining it, and "
+        "for the last stage the last run's whole seed variance, over the first run's. Each "
         f"variance is estimated from {seeds} seeds ({seeds - 1} degrees of freedom), so a share can come out negative "
         "or above 100%: that is estimation noise. Test sd: the first run's spread from the draw of test questions."
     )
     lines = [
         "",
         f"Where the spread comes from, stage by stage (the stages table; runs {', '.join(f'`{n}`' for n in names)}): "
-        "mean share of a method's training variance over the grid's methods:",
+        f"each stage's part of the training variance, summed over the grid's {len(grid.methods(cfg))} methods:",
     ]
-    for (model, ds), cell_shares in totals.items():
-        mean = np.mean(np.asarray(cell_shares), axis=0)
-        parts_text = ", ".join(f"{label} {100 * m:.0f}%" for label, m in zip(labels, mean, strict=True))
+    for (model, ds), rows_of_cell in totals.items():
+        whole, *summed = np.sum(np.asarray(rows_of_cell), axis=0)
+        parts_text = ", ".join(
+            f"{label} {_share(float(v), float(whole))}" for label, v in zip(labels, summed, strict=True)
+        )
         lines.append(f"- {model} x {ds}: {parts_text}.")
     return table, lines

@@ -97,12 +97,16 @@ class Components:
     run's mean over the n test questions, in the units of x: `seed`, what retraining moves it
     (whichever stages grid.seeds_vary retrains); `test`, what another draw of n test questions
     would (question difficulty and the seed-by-question residual). Estimated from the mean squares
-    of the S x n matrix (method of moments, a negative component read as 0)."""
+    of the S x n matrix (method of moments, a negative component read as 0). `seed_variance` is the
+    seed component before that clipping, (MS_seed - MS_e) / n, negative when the seeds differ less
+    than the residual would make them: differences of such estimates (stages.py) must not be biased
+    by a clip on each side."""
 
     seed: float
     test: float
     seeds: int
     questions: int
+    seed_variance: float
 
 
 def components(x: np.ndarray) -> Components:
@@ -113,9 +117,9 @@ def components(x: np.ndarray) -> Components:
         raise ValueError(f"variance components need 2 or more seeds and questions, got shape {x.shape}")
     n_seeds, n_q = x.shape
     ms_s, ms_q, ms_e = _mean_squares(x)
-    s2_seed = max(0.0, (ms_s - ms_e) / n_q)
+    s2_seed = (ms_s - ms_e) / n_q
     s2_q = max(0.0, (ms_q - ms_e) / n_seeds)
-    return Components(math.sqrt(s2_seed), math.sqrt((s2_q + ms_e) / n_q), n_seeds, n_q)
+    return Components(math.sqrt(max(0.0, s2_seed)), math.sqrt((s2_q + ms_e) / n_q), n_seeds, n_q, s2_seed)
 
 
 def _mean_squares(x: np.ndarray) -> tuple[float, float, float]:
