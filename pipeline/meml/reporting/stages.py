@@ -67,14 +67,11 @@ def retrained(cfg: dict[str, Any], folder: Path, field: str) -> list[str]:
         rl_starts.setdefault((cell.model, cell.dataset, cell.method), set()).add(start)
     if all(len(h) == 1 for h in rl_starts.values()):
         return ["rl"]
-    experts = {tuple(cfg["methods"][m]["sft_experts"]) for m in grid.methods(cfg)}
-    for model in grid.models(cfg):
-        for ds in cfg["grid"]["datasets"]:
-            for chosen in sorted(experts):
-                runs = [layout.sft(model, ds, f"{grid.sft_variant(chosen)}/seed{s}") / "DONE" for s in seeds]
-                if len({_start_hash(path, field) for path in runs}) > 1:
-                    return ["pretrain", "sft", "rl"]
-    return ["sft", "rl"]
+    bases: dict[tuple[str, str, str], set[str]] = {}  # (model, data set, variant) -> its seeds' bases
+    for model, ds, run in grid.calibrated(cfg):  # every SFT run a cell starts from: e0-e1-e2/seed3
+        start = _start_hash(layout.sft(model, ds, run) / "DONE", field)
+        bases.setdefault((model, ds, run.partition("/")[0]), set()).add(start)
+    return ["pretrain", "sft", "rl"] if any(len(h) > 1 for h in bases.values()) else ["sft", "rl"]
 
 
 def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Path]]:
@@ -82,7 +79,7 @@ def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Pa
     report.stages, from the most retrained to the least; every design checked against its files."""
     grid.check_stages(cfg)
     named = cfg["report"]["stages"]
-    runs = [(list(cfg["grid"]["seeds_vary"]), cfg["profile"], root)]
+    runs = [(list(cfg["grid"]["seeds_vary"]), cfg["profile"], root, "grid.seeds_vary")]
     for key in ("sft", "rl"):
         if key not in named:
             continue
@@ -95,9 +92,8 @@ def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Pa
                 None,
                 field,
             )
-        runs.append((SCOPES[key], named[key], folder))
-    for scope, profile, folder in runs:
-        field = "grid.seeds_vary" if profile == cfg["profile"] else f"report.stages.{'sft' if 'sft' in scope else 'rl'}"
+        runs.append((SCOPES[key], named[key], folder, field))
+    for scope, profile, folder, field in runs:
         found = retrained(cfg, folder, field)
         if found != scope:
             raise DataError(
@@ -106,7 +102,7 @@ def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Pa
                 None,
                 field,
             )
-    return runs
+    return [(scope, profile, folder) for scope, profile, folder, _ in runs]
 
 
 def split(variances: list[float]) -> list[float]:
@@ -144,12 +140,11 @@ def stages_table(cfg: dict[str, Any], root: Path, pairs: list[tuple[str, str]]) 
     totals: dict[tuple[str, str], list[list[float]]] = {}
     for model in grid.models(cfg):
         for ds in cfg["grid"]["datasets"]:
-
-            def matrix(r: Results, method: str, model: str = model, ds: str = ds) -> np.ndarray:
-                return 100 * r.correct(model, ds, method)[1]
-
-            rows = [(m, [matrix(r, m) for r in results]) for m in grid.methods(cfg)]
-            rows += [(f"{a} - {b}", [matrix(r, a) - matrix(r, b) for r in results]) for a, b in pairs]
+            # each method's seeds x questions matrix (points) in each run, read once
+            named = dict.fromkeys([*grid.methods(cfg), *(m for pair in pairs for m in pair)])
+            of = {m: [100 * r.correct(model, ds, m)[1] for r in results] for m in named}
+            rows = [(m, of[m]) for m in grid.methods(cfg)]
+            rows += [(f"{a} - {b}", [xa - xb for xa, xb in zip(of[a], of[b], strict=True)]) for a, b in pairs]
             for label, matrices in rows:
                 parts = [stats.components(x) for x in matrices]
                 variances = [c.seed_variance for c in parts]
