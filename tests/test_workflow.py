@@ -125,6 +125,16 @@ def test_changing_one_method_reruns_only_its_cells(smoke_run: Path) -> None:
     assert "MoE+IML" in dry.stdout
 
 
+def test_changing_how_the_report_decides_reruns_only_the_report(smoke_run: Path) -> None:
+    # the calibration jobs read the report section's headline expert alone, so a verdict setting (or a
+    # replicate or stages run named for the report) reruns no measurement
+    changed = smoke_run / "report_only.yaml"
+    changed.write_text("report:\n  stats: {margin: 3.0}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(changed))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert _job_counts(dry.stdout) == {"report": 1, "all": 1}
+
+
 def test_adding_a_model_reruns_only_its_own_jobs(smoke_run: Path) -> None:
     # each tiny model has its own job, so the first model's cells (and their numbers) are kept
     more = smoke_run / "two_models.yaml"

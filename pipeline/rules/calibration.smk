@@ -11,9 +11,11 @@ rule calibrate:
     output:
         f"{RESULTS}/calibration/{{model}}/{{ds}}/{{variant}}.json",
     params:
+        # of the report section only the headline expert (whose greedy accuracy is measured): adding a
+        # replicate or a stages run to the report must rerun the report alone
         cfg=cli_config(
             "profile", "world", "seed", "device", "precision", "rl", "rl_by_dataset", "experts", "reward", "report",
-            "calibration",
+            "calibration", only={"report": ["headline_expert"]},
         ),
         experts=variant_experts,
         env=job_env,
