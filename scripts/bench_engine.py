@@ -7,7 +7,10 @@
 Each round samples one RL batch as the study does (8 questions x 3 expert prompts, 3/3/2
 rollouts, temperature 0.7, up to 192 tokens), first with one engine, then the other, from the
 same seed; the median tokens per second of each engine is kept. Then greedy output of both engines
-on 48 further questions is compared token for token.
+on 48 further questions is compared token for token. `--parts` then times two pieces of one
+decoding step alone at a full batch (64 rows, 200 cached columns), each against what bounds it:
+the model's widest linear layer against the thread's matrix rate, and one layer's attention over
+the cache (kv_decode.decode_attention) against the bytes of keys and values it reads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=192)
+    parser.add_argument("--parts", action="store_true", help="also time a linear layer and one layer's attention")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -64,6 +68,49 @@ def main() -> None:
     got = KVEngine(model, tokenizer).generate(prompts, 1, greedy)
     same = sum(w[0].token_ids == g[0].token_ids for w, g in zip(want, got, strict=True))
     print(f"greedy output identical on {same} of {len(prompts)} prompts")
+    if args.parts:
+        decode_parts(model)
+
+
+def best_time(fn, calls: int = 200) -> float:  # type: ignore[no-untyped-def]
+    """Seconds a call: the best of five rounds of `calls`, after a warm-up."""
+    for _ in range(20):
+        fn()
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def decode_parts(model) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    import torch.nn.functional as F
+
+    from meml.training.kv_decode import decode_attention
+
+    config = model.config
+    rows, columns = 64, 200
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    weight = model.model.layers[0].mlp.gate_proj.weight.detach()
+    gate_up = torch.cat([weight, weight])  # the engine's fused gate/up projection
+    x = torch.randn(rows, config.hidden_size)
+    linear = best_time(lambda: F.linear(x, gate_up))
+    flops = 2 * rows * gate_up.shape[0] * gate_up.shape[1]
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    rate = 2 * 1024**3 / best_time(lambda: a @ b, 10)
+    print(f"linear {rows} x {gate_up.shape[1]} by {gate_up.shape[1]} x {gate_up.shape[0]}: {linear * 1e6:.0f} us, "
+          f"{flops / linear / 1e9:.1f} GFLOP/s (a 1024 x 1024 product: {rate / 1e9:.1f} GFLOP/s)")  # fmt: skip
+    q = torch.randn(rows, heads, 1, head_dim)
+    keys, values = torch.randn(rows, kv_heads, columns, head_dim), torch.randn(rows, kv_heads, columns, head_dim)
+    bias = torch.zeros(rows, 1, 1, columns)
+    attention = best_time(lambda: decode_attention(q, keys, values, bias, head_dim**-0.5))
+    read = 2 * keys.numel() * keys.element_size()
+    print(f"attention of {rows} rows over {columns} cached columns (one layer): {attention * 1e6:.0f} us, "
+          f"reads {read / 1e6:.1f} MB of keys and values: {read / attention / 1e9:.1f} GB/s")  # fmt: skip
 
 
 if __name__ == "__main__":
