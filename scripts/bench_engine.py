@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -72,22 +73,10 @@ def main() -> None:
         decode_parts(model)
 
 
-def best_time(fn, calls: int = 200) -> float:  # type: ignore[no-untyped-def]
-    """Seconds a call: the best of five rounds of `calls`, after a warm-up."""
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - started) / calls)
-    return best
-
-
-def decode_parts(model) -> None:  # type: ignore[no-untyped-def]
+def decode_parts(model: Any) -> None:
     import torch
     import torch.nn.functional as F
+    from timing import best_time, matrix_rate
 
     from meml.training.kv_decode import decode_attention
 
@@ -100,8 +89,7 @@ def decode_parts(model) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(rows, config.hidden_size)
     linear = best_time(lambda: F.linear(x, gate_up))
     flops = 2 * rows * gate_up.shape[0] * gate_up.shape[1]
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    rate = 2 * 1024**3 / best_time(lambda: a @ b, 10)
+    rate = matrix_rate()
     print(f"linear {rows} x {gate_up.shape[1]} by {gate_up.shape[1]} x {gate_up.shape[0]}: {linear * 1e6:.0f} us, "
           f"{flops / linear / 1e9:.1f} GFLOP/s (a 1024 x 1024 product: {rate / 1e9:.1f} GFLOP/s)")  # fmt: skip
     q = torch.randn(rows, heads, 1, head_dim)

@@ -18,21 +18,7 @@ import contextlib
 import time
 from typing import Any
 
-
-def matrix_rate() -> float:
-    """GFLOP/s of a 1024 x 1024 float32 product, the best of five rounds of ten."""
-    import torch
-
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(10):
-            a @ b
-        best = min(best, (time.perf_counter() - start) / 10)
-    return 2 * 1024**3 / best / 1e9
+from timing import matrix_rate
 
 
 def main() -> None:
@@ -106,7 +92,7 @@ def main() -> None:
     self_ms = {e.key: e.self_cpu_time_total / 1000 / len(batches) for e in prof.key_averages()}
     matmul_ms = self_ms.get("aten::mm", 0.0) + self_ms.get("aten::addmm", 0.0)
     attention_ms = sum(ms for key, ms in self_ms.items() if "scaled_dot_product" in key)
-    rate = matrix_rate()
+    rate = matrix_rate() / 1e9
     print(f"batch: {positions:.0f} positions ({padding:.1%} padding), {labelled:.0f} labelled tokens")
     print(f"step: {default * 1000:.0f} ms (SDPA math backend: {math_backend * 1000:.0f} ms)")
     print(f"matrix products: {flops / 1e9:.1f} GFLOP a step, {matmul_ms:.0f} ms in mm/addmm (profiled): "
