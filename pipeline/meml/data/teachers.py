@@ -145,7 +145,7 @@ class VLLMTeacher:
 
     def __init__(self, settings: dict[str, Any]) -> None:
         try:
-            from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
+            from vllm import LLM, SamplingParams
         except ImportError:
             raise DataError("teacher backend 'vllm' needs the GPU extra: pip install '.[gpu]'") from None
         self.llm = LLM(model=settings["model"], dtype="bfloat16")
@@ -164,7 +164,7 @@ class VLLMTeacher:
 
     def ask_many(self, conversations: list[list[dict[str, str]]]) -> list[Reply]:
         with self.lock:
-            results = self.llm.chat(conversations, self.params, use_tqdm=True)
+            results = self.llm.chat(conversations, self.params, use_tqdm=True)  # type: ignore[arg-type]
         replies = []
         for result in results:
             out = result.outputs[0]

@@ -67,7 +67,9 @@ def majority_vote(predictions: Sequence[str | None]) -> str | None:
     return next(p for p in predictions if p is not None and votes[p] == best)
 
 
-def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str) -> Any:
+def _make_model(
+    checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str, vllm: dict[str, Any] | None = None
+) -> Any:
     if backend == "kv":  # lm-eval's hf model, generating with the CPU sampling engine (kv_lm.py)
         from meml.evaluation.kv_lm import KVLM
         from meml.training.kv_decode import UnsupportedModel
@@ -88,14 +90,15 @@ def _make_model(checkpoint: Path, backend: str, batch_size: int, device: str, dt
         return HFLM(
             pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size, **attention_kwargs(device)
         )
-    if backend == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            raise DataError("backend 'vllm' needs the GPU extra: pip install '.[gpu]'") from None
-        from lm_eval.models.vllm_causallms import VLLM
+    if backend == "vllm":  # lm-eval's own vLLM model, with the settings RL's vLLM engine uses (rl.vllm)
+        from meml.training.rollout_vllm import VLLMSettings, in_process, require_vllm
 
-        return VLLM(pretrained=str(checkpoint), dtype=dtype, batch_size="auto")
+        with in_process():  # importing vLLM sets variables too
+            require_vllm()
+            from lm_eval.models.vllm_causallms import VLLM
+
+            kwargs = VLLMSettings.from_config(vllm or {}).llm_kwargs(device)
+            return VLLM(pretrained=str(checkpoint), dtype=dtype, batch_size="auto", seed=0, **kwargs)
     raise DataError(f"unknown evaluation backend '{backend}'; known: {', '.join(BACKENDS)}")
 
 
@@ -113,9 +116,11 @@ def evaluate_model(
     limit: int | None = None,
     world: str = "toy",
     max_new_tokens: int | None = None,
+    vllm: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate one model on one data set's test split under each expert's prompt.
-    `max_new_tokens` overrides the tasks' generation limit (the tasks allow 384-512)."""
+    `max_new_tokens` overrides the tasks' generation limit (the tasks allow 384-512); `vllm`: the
+    config's rl.vllm, for backend vllm."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -128,7 +133,8 @@ def evaluate_model(
     overrides = generation_overrides(tokenizer, max_new_tokens)
     cap = max_new_tokens or MAX_GEN_TOKS[dataset]
     by_id = {r.id: r for r in records}
-    model = _make_model(folder, backend, batch_size, device, dtype or ("float32" if device == "cpu" else "bfloat16"))
+    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
+    model = _make_model(folder, backend, batch_size, device, dtype, vllm)
     out: dict[str, Any] = {
         "checkpoint": str(folder),
         "dataset": dataset,

@@ -53,6 +53,7 @@ def evaluate(
         limit=given.get("limit", cfg["eval"]["questions"]),
         world="real" if given.get("real") or cfg["world"] == "real" else "toy",
         max_new_tokens=given.get("max_new_tokens", eval_max_new_tokens(cfg, dataset)),
+        vllm=cfg["rl"]["vllm"],
         mlflow_run_id=run_id,
     )
     if run_id is not None:

@@ -409,10 +409,6 @@ def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
     for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
         rl = method_rl(cfg, name, dataset)
         rollouts_per_expert(int(rl["group_size"]), len(entry["rl_experts"]), rl["spread"], name)
-        if rl.get("engine") == "vllm" and cfg["device"] != "cuda":
-            raise DataError(
-                "the vLLM engine runs on a GPU only: set device: cuda, or rl.engine: hf", None, None, "rl.engine"
-            )
     if set(tables_of(cfg, name)) & {"main", "ablation", *EXTRA_TABLES} and headline not in eval_experts(cfg, name):
         raise DataError(
             f"the tables report expert {headline} (report.headline_expert), which this method does not evaluate",

@@ -36,9 +36,9 @@ def make_engine(
     if name == "hf-copy":
         return HFCopyEngine(policy, tokenizer, batch, precision)
     if name == "vllm":
-        from meml.training.rollout_vllm import VLLMEngine
+        from meml.training.rollout_vllm import VLLMEngine, VLLMSettings
 
-        return VLLMEngine(model_dir, tokenizer, precision, settings, seed + rank)
+        return VLLMEngine(model_dir, tokenizer, precision, VLLMSettings.from_config(settings["vllm"]), seed + rank)
     raise DataError(f"unknown rollout engine '{name}'; known: {', '.join(ENGINES)}", None, None, "rl.engine")
 
 

@@ -259,7 +259,8 @@ class KVEngine(HFEngine):
         sampling: Sampling,
         out: list[list[Completion]],
     ) -> None:
-        batch = decode_rows(self, [list(prompts[i]) for i in chunk], [counts[i] for i in chunk], sampling)
+        with self.precision.autocast():  # bf16 runs sample in bf16, as they train (precision.py)
+            batch = decode_rows(self, [list(prompts[i]) for i in chunk], [counts[i] for i in chunk], sampling)
         for i, completions in zip(chunk, batch, strict=True):
             out[i].extend(completions)
 

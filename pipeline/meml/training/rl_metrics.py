@@ -78,7 +78,7 @@ def step_metrics(
         }
     )
     if dist.world > 1:  # the replicas and their buffers must stay identical after every step
-        prints = dist.gather(weights_fingerprint(policy.named_parameters(), "float64", every=True))
+        prints = dist.gather(weights_fingerprint(policy.named_parameters(), "float64"))
         # what each buffer holds, and what it gave to SFT this step (a full buffer empties itself)
         buffers = dist.gather([[(h.question_id, h.expert) for h in part] for part in (buf.items, hsft.drained)])
         metrics["dist/processes"] = float(dist.world)

