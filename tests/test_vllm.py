@@ -71,6 +71,27 @@ def test_settings_are_read_once_and_differ_by_device() -> None:
         VLLMSettings.from_config({"gpu_memory_utilization": 0.3, "max_model_len": 64, "enforce_eager": None})
 
 
+def test_the_launcher_variables_last_while_vllm_starts_and_each_job_gets_its_own_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from meml.training.rollout_vllm import in_process
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    before = dict(os.environ)
+    ports = []
+    for _ in range(2):
+        with in_process():
+            assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "1")
+            ports.append(int(os.environ["MASTER_PORT"]))
+            os.environ["LD_PRELOAD"] = "set by vLLM's start"
+        assert dict(os.environ) == before
+    assert all(p > 0 for p in ports)  # a free port each time, never one fixed port that parallel jobs share
+    monkeypatch.setenv("MASTER_PORT", "29611")  # under accelerate: its port is kept
+    with in_process():
+        assert os.environ["MASTER_PORT"] == "29611"
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_greedy_tokens_equal_the_kv_engines_on_both_tiny_families(
     family: str, models: dict[str, Path], small_world: Path

@@ -27,6 +27,7 @@ import contextlib
 import math
 import os
 import random
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,8 +106,12 @@ def in_process() -> Iterator[None]:
     (trl, accelerate, a subprocess) that saw them would take this process for one of several."""
     before = dict(os.environ)
     for key, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                         ("MASTER_PORT", "29533"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # fmt: skip
+                         ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # fmt: skip
         os.environ.setdefault(key, default)
+    if "MASTER_PORT" not in os.environ:  # a single process: a free port (jobs side by side must not share one)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     try:
         yield
     finally:
