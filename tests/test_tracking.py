@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from meml.core.tracking import Tracker, flatten, metric_name
+
+
+def test_a_runs_name_starts_with_its_cell() -> None:
+    from meml.core.tracking import run_name
+
+    assert run_name("toy/qwen2/gsm8k/MEML-GRPO/seed0#0123abcd") == "MEML-GRPO qwen2 gsm8k seed0"
+    assert run_name("toy/report") == "toy/report"
 
 
 def test_metric_names_and_flatten() -> None:
@@ -43,24 +51,69 @@ def test_mlflow_run_is_found_again_by_its_cell_key(tmp_path: Path) -> None:
     assert (tmp_path / "run/mlflow_run_id").read_text().strip() == runs[0].info.run_id
 
 
-def test_a_run_this_folder_never_wrote_or_of_other_values_is_kept_aside(tmp_path: Path) -> None:
-    """The results folder deleted, or the run's values changed: the old MLflow run is retagged
-    (`<key>@replaced-<time>`) and a new one starts; logging never fails on a changed param."""
-    import mlflow
+@pytest.fixture(params=["sqlite", "server"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An MLflow store: the SQLite file, or a tracking server on 127.0.0.1 in front of one."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'mlflow.db'}"
+        return
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
 
-    settings = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "test"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+           "--artifacts-destination", str(tmp_path / "artifacts")]  # fmt: skip
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the MLflow server did not answer within 2 minutes")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_a_run_this_folder_never_wrote_or_of_other_values_is_kept_aside(tmp_path: Path, store: str) -> None:
+    """The results folder deleted, or the run's values changed: the old MLflow run is retagged
+    (`<key>@replaced-<time>`) and marked deleted (restorable), a new one starts and names the runs
+    it replaced; logging never fails on a changed param. Only the current run is active, so no
+    grouped view or mean counts a replaced one."""
+    import mlflow
+    from mlflow.entities import ViewType
+
+    settings = {"enabled": True, "tracking_uri": store, "experiment": "test"}
     key = "toy/report"
     Tracker(tmp_path / "a", key, {"report": {"margin": 2.0}}, settings).close()
     Tracker(tmp_path / "b", key, {"report": {"margin": 2.0}}, settings).close()  # a fresh folder
     Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # changed values
     Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # the same again: resumed
     mlflow.set_tracking_uri(settings["tracking_uri"])
-    runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
-    current = [r for r in runs if r.data.tags["cell_key"] == key]
+    active = mlflow.search_runs(experiment_names=["test"], output_format="list")
+    assert [r.data.tags["cell_key"] for r in active] == [key]  # one active run per cell
+    current = active[0]
+    runs = mlflow.search_runs(experiment_names=["test"], output_format="list", run_view_type=ViewType.ALL)
     retired = [r for r in runs if r.data.tags["cell_key"].startswith(f"{key}@replaced-")]
-    assert len(runs) == 3 and len(current) == 1 and len(retired) == 2
-    assert current[0].data.params["report.margin"] == "1.0"
-    assert (tmp_path / "b/mlflow_run_id").read_text().strip() == current[0].info.run_id
+    assert len(runs) == 3 and len(retired) == 2
+    assert all(r.info.lifecycle_stage == "deleted" for r in retired)
+    assert current.data.params["report.margin"] == "1.0"
+    assert current.data.tags["replaces"] == ",".join(sorted(r.info.run_id for r in retired))
+    assert (tmp_path / "b/mlflow_run_id").read_text().strip() == current.info.run_id
+    client = mlflow.MlflowClient()
+    client.restore_run(retired[0].info.run_id)  # restorable, with its metrics and params
+    assert client.get_run(retired[0].info.run_id).info.lifecycle_stage == "active"
 
 
 def test_the_report_puts_the_headline_accuracy_into_the_grouped_view(tmp_path: Path) -> None:

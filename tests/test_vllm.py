@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import PROJECT
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.core.config import load_config
@@ -165,6 +166,25 @@ def test_rl_steps_under_vllm_keep_its_log_probs_on_the_policys(
     assert not (tmp_path / "stale/DONE").exists()
 
 
+def test_bf16_rl_steps_run_under_the_kv_engine_and_vllm(
+    models: dict[str, Path], small_world: Path, tmp_path: Path
+) -> None:
+    """precision: bf16 on a CPU with bf16 arithmetic: training under autocast over fp32 master
+    weights, vLLM sampling in bfloat16 and its sync check at the bf16 tolerance."""
+    from meml.core.precision import cpu_has_bf16
+
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 arithmetic (AVX512-BF16 or AMX): precision bf16 is refused here")
+    bf16 = resolve("cpu", "bf16")
+    method = Method.from_config("MEML-GRPO", CONFIG["methods"]["MEML-GRPO"])
+    args = (method, models["llama"], small_world / "data/gsm8k", small_world / "experts/gsm8k")
+    for engine in ("kv", "vllm"):
+        summary = run_rl(_rl_settings(steps=2, engine=engine), *args, tmp_path / engine, precision=bf16, progress=False)
+        assert summary["steps"] == 2 and summary["precision"] == "bfloat16"
+        weights = load_file(str(next((tmp_path / engine / "model").glob("*.safetensors"))))
+        assert all(t.dtype == torch.float32 for t in weights.values())  # the master weights stay fp32
+
+
 def test_a_sync_that_misses_the_repacked_weights_is_caught_by_log_probs(models: dict[str, Path]) -> None:
     """Tensors vLLM still holds as parameters arrive, the linear layers (repacked on a CPU) do not:
     the exact comparison passes and the probe's log-probs must catch it."""
@@ -220,8 +240,6 @@ def _worker(model: Path, world: Path, out: Path, store: str, fault: str) -> subp
 def test_an_rl_run_under_vllm_killed_and_resumed_equals_the_uninterrupted_one(
     models: dict[str, Path], small_world: Path, tmp_path: Path
 ) -> None:
-    from safetensors.torch import load_file
-
     from meml.core.tracking import ensure_experiment
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

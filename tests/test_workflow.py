@@ -76,6 +76,8 @@ def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:
     assert re.search(r"MEML-GRPO \|[^\n]*\| 32 \|", compute) and re.search(r"MEML-per_expert \|[^\n]*\| 96 \|", compute)
     index = (report / "index.md").read_text()
     assert "## What the numbers say" in index and "HSFT alone, on one expert, beats single-expert GRPO" in index
+    # what to expect of these numbers against a committed example from another machine, and where it is explained
+    assert "repeat to the bit on this machine" in index and "docs/reliability.md" in index
     # one seed: no line of the summary claims a verdict
     verdicts = re.findall(r"\*\*([^*]+)\*\*", index.split("## What the numbers say")[1].split("## Tables")[0])
     assert verdicts and all(v.startswith(("no verdict", "inconclusive")) for v in verdicts), verdicts
@@ -100,6 +102,9 @@ def test_one_mlflow_run_per_cell_with_its_id_in_the_outputs(smoke_run: Path) -> 
     assert evaluation["mlflow_run_id"] == run_id
     run = mlflow.get_run(run_id)
     assert "eval/expert1/lenient" in run.data.metrics and "reward/expert1" in run.data.metrics
+    # accuracies in %, as the tables show them; the run's name starts with its cell
+    assert run.data.metrics["eval/expert1/lenient"] == round(100 * evaluation["model"]["experts"]["e1"]["lenient"], 2)
+    assert run.info.run_name == "MEML-GRPO qwen2 strategyqa seed0"
     tags = run.data.tags  # the grid's dimensions and the method's switches, for the UI's Group by
     assert (tags["method"], tags["dataset"], tags["model"], tags["seed"]) == ("MEML-GRPO", "strategyqa", "qwen2", "0")
     assert (tags["advantage"], tags["iml"], tags["hsft"], tags["world"]) == ("grpo", "true", "true", "toy")

@@ -129,18 +129,49 @@ def grouped_view_url(experiment_id: str, host: str = "http://127.0.0.1:5000") ->
     return f"{host}/#/experiments/{experiment_id}/runs?viewStateShareKey={GROUPED_VIEW}"
 
 
+def run_name(cell_key: str) -> str:
+    """A run's name in the UI, its cell in the first characters (the runs table cuts long names):
+    `MEML-GRPO qwen2 gsm8k seed0` for the cell key `toy/qwen2/gsm8k/MEML-GRPO/seed0#<hash>`."""
+    path = cell_key.split("#")[0]
+    parts = path.split("/")
+    if len(parts) == 5:  # profile/model/dataset/method/seed
+        _, model, dataset, method, seed = parts
+        return f"{method} {model} {dataset} {seed}"
+    return path
+
+
 def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:
-    """Retag a replaced run's `cell_key` (`<key>@replaced-<label>`): the cell's next run is a new
-    MLflow run, and the old one stays browsable."""
+    """A replaced run leaves the experiment's views: its `cell_key` is retagged
+    (`<key>@replaced-<label>`) and it is marked deleted, MLflow's own lifecycle, so no grouped view
+    or mean counts it while it stays restorable (`mlflow runs restore --run-id ID`, or the UI's
+    deleted runs). The cell's next run is a new MLflow run, which names it in its `replaces` tag."""
     import mlflow
 
     mlflow.set_tracking_uri(settings["tracking_uri"])
     client = mlflow.MlflowClient()
     try:
-        key = client.get_run(run_id).data.tags.get("cell_key", "")
+        run = client.get_run(run_id)
     except Exception:  # the store no longer holds it: nothing to retag
         return
-    client.set_tag(run_id, "cell_key", f"{key}@replaced-{label}")
+    key = run.data.tags.get("cell_key", "")
+    if "@replaced-" not in key:
+        client.set_tag(run_id, "cell_key", f"{key}@replaced-{label}")
+    if run.info.lifecycle_stage != "deleted":
+        client.delete_run(run_id)
+
+
+def replaced_runs(experiment_id: str, cell_key: str) -> list[str]:
+    """The ids of the runs this cell's runs replaced (deleted, retagged `<key>@replaced-...`)."""
+    import mlflow
+    from mlflow.entities import ViewType
+
+    found = mlflow.search_runs(
+        [experiment_id],
+        filter_string=f"tags.cell_key LIKE '{cell_key}@replaced-%'",
+        run_view_type=ViewType.DELETED_ONLY,
+        output_format="list",
+    )
+    return sorted(r.info.run_id for r in found)
 
 
 def log_to_run(
@@ -201,15 +232,15 @@ def run_id_beside(run_folder: str | Path) -> str:
 
 
 def log_evaluation(settings: dict[str, Any], run_id: str, block: dict[str, Any], files: list[str | Path]) -> None:
-    """An evaluation's accuracies on its cell's RL run, named like the training metrics
-    (reward/expert1 in training, eval/expert1/lenient here), and its JSON as an artifact."""
-    metrics = {
-        f"eval/expert{name[1:]}/{m}": e[m]
+    """An evaluation's accuracies on its cell's RL run, in % as the tables give them, named like the
+    training metrics (reward/expert1 in training, eval/expert1/lenient here), and its JSON as an artifact."""
+    metrics = {  # in %, as every table shows them
+        f"eval/expert{name[1:]}/{m}": round(100 * e[m], 2)
         for name, e in block["experts"].items()
         for m in ("strict", "lenient", "finished")
     }
     for mode in ("strict", "lenient") if "majority_vote" in block else ():
-        metrics[f"eval/majority_vote/{mode}"] = block["majority_vote"][mode]
+        metrics[f"eval/majority_vote/{mode}"] = round(100 * block["majority_vote"][mode], 2)
     log_to_run(settings, run_id, metrics, files)
 
 
@@ -304,10 +335,13 @@ class Tracker:
             run = mlflow.start_run(run_id=run_id)
         else:
             run = mlflow.start_run(
-                experiment_id=experiment_id, run_name=cell_key.split("#")[0], tags={"cell_key": cell_key}
+                experiment_id=experiment_id, run_name=run_name(cell_key), tags={"cell_key": cell_key}
             )
         if tags:
             mlflow.set_tags(tags)
+        replaced = replaced_runs(experiment_id, cell_key)
+        if replaced:  # the runs of this cell it replaced: deleted, restorable, and named here
+            mlflow.set_tag("replaces", ",".join(replaced))
         # logged on every start (same key, same value is allowed), so a run that died before its
         # params were written gets them on the re-run
         for start in range(0, len(flat), 100):

@@ -47,4 +47,6 @@ def message(cfg: dict[str, Any]) -> str:
     first = headline(index)
     if first:
         lines.append(f"  Summary:      {first}")
+        lines.append("  Same seed:    the same numbers on this machine; another CPU may round differently and")
+        lines.append("                give others (docs/reliability.md, 'Same seed, same numbers: where that holds')")
     return "\n".join(lines)

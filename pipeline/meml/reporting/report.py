@@ -32,6 +32,7 @@ from meml.reporting.paper_tables import ablation_table, main_table, vote_table
 from meml.reporting.results import Results
 from meml.reporting.tables import (
     MISSING,
+    SAME_SEED_NOTE,
     TOY_NOTE,
     Table,
     to_latex,
@@ -116,6 +117,7 @@ def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out:
     lines = [f"# MEML-GRPO reproduction: profile `{cfg['profile']}`", ""]
     if cfg["world"] == "toy":
         lines += [f"> {TOY_NOTE}", ""]
+    lines += [f"> {SAME_SEED_NOTE}", ""]
     lines += ["## What the numbers say", "", *summary, ""]
     lines += ["## Tables", ""]
     for t in tables:

@@ -13,6 +13,14 @@ from typing import Any
 
 MISSING = "–"
 DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
+# Said wherever a run's first numbers appear (the report's header, the end message): what to
+# expect of them against a committed example on another machine.
+SAME_SEED_NOTE = (
+    "These numbers repeat to the bit on this machine with the same config, seed, thread count and "
+    "versions. On another CPU make or model the float sums round differently and the runs part ways, so "
+    "a committed example (report/example/) made elsewhere can differ from yours without either being "
+    'wrong: docs/reliability.md, "Same seed, same numbers: where that holds".'
+)
 TOY_NOTE = (
     "Toy scale: tiny models (about 1M parameters; random, or pretrained for minutes on generated text) "
     "trained for minutes on CPU on "
