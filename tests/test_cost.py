@@ -86,3 +86,31 @@ def test_paper_dry_run_prints_the_estimate(tmp_path: Path) -> None:
     dry = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "Estimated GPU-hours of this grid: " in dry.stderr and "assumed H100" in dry.stderr
+    # what the run needs, and the estimate with both engines, before the job list and again last
+    assert "[rl.engine: vllm, this config]" in dry.stderr and "With rl.engine: hf instead: " in dry.stderr
+    assert "MISSING: device cuda: 0 GPU(s) here" in dry.stderr and "Before this run (" in dry.stderr
+    tail = dry.stderr.rstrip().splitlines()[-3:]
+    assert tail[-1].startswith("With rl.engine: hf instead: ") and tail[-2].startswith("Estimated GPU-hours"), tail
+
+
+def test_preflight_names_what_a_real_run_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from meml.core.config import load_config
+    from meml.plan.preflight import block, needs
+
+    cfg = load_config(PROJECT / "config/paper.yaml")
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    cfg["data"]["gsm8k"]["local"] = str(tmp_path)  # a folder that is there
+    cfg["data"]["mathqa"]["local"] = str(tmp_path / "nowhere")
+    lines = needs(cfg)
+    assert "MISSING: teachers.e1: the API key's environment variable DEEPSEEK_API_KEY is not set" in lines
+    assert f"ok: data.gsm8k.local: {tmp_path}" in lines
+    assert f"MISSING: data.mathqa.local: {tmp_path / 'nowhere'} is not a folder" in lines
+    assert any(line.startswith("MISSING: data.strategyqa: ChilleD/StrategyQA") for line in lines)  # offline, uncached
+    assert any(line.startswith("MISSING: models.qwen2: Qwen/Qwen2.5-Math-1.5B") for line in lines)
+    assert "MISSING: device cuda: 0 GPU(s) here, 1 a job (a cluster profile gives jobs their own)" in lines
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "k")
+    assert not any("DEEPSEEK_API_KEY" in line for line in needs(cfg))
+    assert block(cfg, ["estimate"]).startswith("Before this run (") and block(cfg, ["estimate"]).endswith("estimate")
+    assert needs(load_config()) == []  # the toy world on a CPU needs nothing

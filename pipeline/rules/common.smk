@@ -153,8 +153,16 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-# Say what the grid will cost before anything runs (also on -n); not again inside each job.
-if config["device"] == "cuda" and workflow.is_main_process:
+# Say what the run will need and what the grid will cost before anything runs (also on -n), and
+# again at the very end of a dry run (its job list runs to hundreds of lines); not inside each job.
+if (config["device"] == "cuda" or config["world"] == "real") and workflow.is_main_process:
+    import atexit  # noqa: E402
+
+    from meml.plan import preflight  # noqa: E402
     from meml.training import cost  # noqa: E402
 
-    print(cost.headline(config, Path(RESULTS) / "cost_throughput.json"), file=sys.stderr)
+    _estimate = cost.headlines_both_engines(config, Path(RESULTS) / "cost_throughput.json")
+    _PREFLIGHT = preflight.block(config, _estimate if config["device"] == "cuda" else [])
+    print(_PREFLIGHT, file=sys.stderr)
+    if workflow.dryrun:
+        atexit.register(lambda: print("\n" + _PREFLIGHT, file=sys.stderr))

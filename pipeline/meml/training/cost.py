@@ -240,3 +240,15 @@ def headline(cfg: dict[str, Any], measured: Path) -> str:
         f"{next(iter(speeds.values())).source}. Per cell: `python -m meml.cli cost --config <this config>`; "
         "measured on this GPU: add --measure."
     )
+
+
+def headlines_both_engines(cfg: dict[str, Any], measured: Path) -> list[str]:
+    """The headline with the config's rollout engine, then with the other of vllm and hf: what
+    choosing the engine costs, said before the run."""
+    engine = cfg["rl"]["engine"]
+    other = "hf" if engine == "vllm" else "vllm"
+    lines = [f"{headline(cfg, measured)} [rl.engine: {engine}, this config]"]
+    alternative = {**cfg, "rl": {**cfg["rl"], "engine": other}}
+    hours = sum(r["hours"] for r in estimate(alternative, throughputs(alternative, measured)))
+    lines.append(f"With rl.engine: {other} instead: {hours:.1f} GPU-hours.")
+    return lines
