@@ -274,3 +274,33 @@ def test_the_gate_set_to_stop_ends_the_workflow_before_rl_with_its_message(tmp_p
     assert "is outside calibration.ranges." in done.stderr and "change toy.pretrain.steps, sft.epochs" in done.stderr
     assert not list((tmp_path / "results/smoke").glob("rl/**/DONE"))
     assert not (tmp_path / "results/smoke/calibration/qwen2/strategyqa/e0-e1-e2.json").exists()
+
+
+def test_a_target_naming_what_the_config_lacks_fails_before_any_job_with_the_valid_values(tmp_path: Path) -> None:
+    from meml.core.io import DataError
+    from meml.plan import targets
+
+    cell = "results/toy/rl/qwen2/gsm8k/{method}/seed0/DONE"
+    dry = _run(tmp_path, "-n", "--forcerun", cell.format(method="MEML-GPRO"))
+    said = dry.stdout + dry.stderr  # Snakemake prints a parse error on stdout
+    assert dry.returncode != 0 and "MissingRuleException" not in said
+    line = next(x for x in said.splitlines() if x.startswith("target "))
+    assert "unknown method 'MEML-GPRO'" in line and "MEML-GRPO" in line and "MoE-SFT-GRPO" in line
+    assert _run(tmp_path, "-n", "--forcerun", cell.format(method="MEML-GRPO")).returncode == 0
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+    from meml.core.config import load_config
+
+    cfg = load_config()
+    cell = "results/toy/rl/qwen2/{}/MEML-GRPO/{}/DONE"
+    for target, says in [
+        ("results/toy/eval/qwen3/gsm8k/MEML-GRPO/seed0.json", "unknown model 'qwen3'; this config's models: qwen2"),
+        (cell.format("gsm8kk", "seed0"), "unknown data set 'gsm8kk'; the data sets: gsm8k, strategyqa"),
+        (cell.format("gsm8k", "seed3"), "unknown seed 'seed3'; this config's seeds (grid.seeds): seed0"),
+        ("results/smoke/rl/qwen2/gsm8k/MEML-GRPO/seed0/DONE", "profile 'smoke' is not this config's ('toy')"),
+    ]:
+        with pytest.raises(DataError, match=re.escape(says)):
+            targets.check(cfg, [target])
+    targets.check(cfg, ["results/toy/eval/llama/mathqa/MoE+IML/seed0.json", "report/toy/index.md", "all"])
+    assert targets.named_on(["-n", "--forcerun=results/toy/x", "results/toy/y", "--cores", "2"]) == [
+        "results/toy/x", "results/toy/y"]  # fmt: skip

@@ -25,6 +25,17 @@ try:
     grid.check(config, N_EXPERTS)
 except DataError as err:
     raise ValueError(str(err) if "invalid config" in str(err) else f"invalid config: {err}") from None
+# A target (or --forcerun) naming a model, data set, method or seed this config lacks: one line
+# that names it and the valid values, before any job (Snakemake would say "No rule to produce").
+# Snakemake hands the Snakefile no targets while it is parsed, so the command line's results/
+# paths are read from it.
+if workflow.is_main_process:
+    from meml.plan import targets  # noqa: E402
+
+    try:
+        targets.check(config, targets.named_on(sys.argv[1:]))
+    except DataError as err:
+        raise ValueError(str(err)) from None
 
 PROFILE = config["profile"]
 WORLD = config["world"]
