@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import best_time
 
+from meml.core.environment import cpu_model
 from meml.core.precision import Precision, cpu_has_bf16
 from meml.core.records import read_records
 from meml.data.experts import chat_messages
@@ -118,7 +118,7 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     records = read_records(Path(args.data) / args.dataset / "test.jsonl", args.dataset)[: args.questions]
     prompts = [prompt_ids(tokenizer, chat_messages(r, 0)) for r in records]
-    report: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "threads": 1,
+    report: dict[str, Any] = {"cpu": cpu_model(), "threads": 1,
                               "model": str(args.model), "matmul_gflops_1024": matmul_rates()}  # fmt: skip
     for name, precision in (("fp32", FP32), ("bf16", BF16)):
         seconds, loss = train_step_seconds(model, precision, 4, 200)

@@ -154,11 +154,39 @@ def test_adding_a_model_reruns_only_its_own_jobs(smoke_run: Path) -> None:
 def test_one_cell_is_rerun_by_naming_its_output(smoke_run: Path) -> None:
     cell = "results/smoke/rl/qwen2/strategyqa/MoE+HSFT/seed0/DONE"
     target = "results/smoke/eval/qwen2/strategyqa/MoE+HSFT/seed0.json"
-    dry = _run(
-        smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), "--forcerun", cell, "--", target
-    )
+    config = ("--configfile", str(SMOKE), str(smoke_run / "grid.yaml"))
+    dry = _run(smoke_run, "-n", *config, "--forcerun", cell, "--", target)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert _job_counts(dry.stdout) == {"rl": 1, "evaluate": 1}
+    # the README's recipe: the cell again, its evaluation, the report rebuilt
+    dry = _run(smoke_run, "-n", *config, "--forcerun", cell, "--", "report/smoke/index.md")
+    assert _job_counts(dry.stdout) == {"rl": 1, "evaluate": 1, "report": 1}, dry.stdout[-2000:]
+
+
+def test_a_forced_rerun_keeps_the_old_run_with_its_evaluation_and_one_active_mlflow_run(smoke_run: Path) -> None:
+    """Last of the smoke_run tests: it replaces a cell."""
+    import mlflow
+
+    folder = smoke_run / "results/smoke/rl/qwen2/strategyqa/MoE+HSFT/seed0"
+    evaluation = smoke_run / "results/smoke/eval/qwen2/strategyqa/MoE+HSFT/seed0.json"
+    old_eval, old_run = evaluation.read_text(), (folder / "mlflow_run_id").read_text().strip()
+    config = ("--configfile", str(SMOKE), str(smoke_run / "grid.yaml"))
+    # a cell's output named alone: the end message says the report is behind and how to rebuild it
+    done = _run(smoke_run, *config, "--forcerun", f"{folder.relative_to(smoke_run)}/DONE", "--",
+                str(evaluation.relative_to(smoke_run)))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "predates the newest evaluations: rebuild it with" in done.stderr
+    [aside] = (folder / "previous").iterdir()
+    assert (aside / "eval.json").read_text() == old_eval  # the old evaluation, kept with its run
+    assert (aside / "DONE").is_file() and evaluation.is_file()
+    done = _run(smoke_run, *config, "--", "report/smoke/index.md")
+    assert done.returncode == 0 and "Done. Report: report/smoke/index.md" in done.stderr
+    mlflow.set_tracking_uri(f"sqlite:///{smoke_run / 'results/mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["smoke"], filter_string="tags.method = 'MoE+HSFT'",
+                              output_format="list")  # fmt: skip
+    assert len(runs) == 1 and runs[0].info.run_id != old_run  # one active run for the cell
+    assert runs[0].data.tags["replaces"] == old_run
+    assert mlflow.get_run(old_run).info.lifecycle_stage == "deleted"
 
 
 def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:

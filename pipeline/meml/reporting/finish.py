@@ -22,9 +22,26 @@ def headline(index: Path) -> str | None:
     return next((line[2:] for line in lines[start:] if line.startswith("- ")), None)
 
 
+def stale_report(cfg: dict[str, Any], index: Path) -> bool:
+    """Whether an evaluation is newer than the report (a run that named a cell's output, not the
+    report): the report no longer shows every result."""
+    evaluations = Layout.of(cfg).root / "eval"
+    if not index.is_file() or not evaluations.is_dir():
+        return False
+    built = index.stat().st_mtime
+    return any(p.stat().st_mtime > built for p in evaluations.rglob("*.json"))
+
+
 def message(cfg: dict[str, Any]) -> str:
     profile = cfg["profile"]
     index = report_dir(cfg) / "index.md"
+    if stale_report(cfg, index):
+        return "\n".join([
+            "",
+            f"Done. The report {index} predates the newest evaluations: rebuild it with",
+            f"  .venv/bin/snakemake --cores N -- {index}"
+            + ("" if profile == "toy" else "   (with this run's --configfile)"),
+        ])  # fmt: skip
     lines = [
         "",
         f"Done. Report: {index} (tables in report/{profile}/tables, figures in report/{profile}/figures)",

@@ -94,6 +94,10 @@ def rl(
     # the values that define the cell decide whether old checkpoints may be resumed, and are the
     # MLflow run's params (the rest of the config may change without touching the run)
     params = cell_params(cfg, cell)
+    # a forced rerun (its DONE removed): the cell's evaluation belongs to the run being replaced
+    evaluation = layout.eval(cell) if out is None else None
+    stale = evaluation if evaluation and evaluation.is_file() and not (run / "DONE").is_file() else None
+    asides = set((run / "previous").iterdir()) if (run / "previous").is_dir() else set()
     summary = run_rl(
         method_rl(cfg, cell.method, cell.dataset),
         method,
@@ -115,4 +119,7 @@ def rl(
         mlflow_tags=tracking.run_tags(cfg, cell),
         precision=of_config(cfg),
     )
+    new_aside = sorted(set((run / "previous").iterdir()) - asides) if (run / "previous").is_dir() else []
+    if stale is not None and stale.is_file() and new_aside:  # kept with the run it measured
+        stale.rename(new_aside[-1] / "eval.json")
     return summary, run

@@ -9,7 +9,7 @@ build, whose linear layers are repacked after loading), and the loop checks that
 
   - exact: every tensor vLLM still holds as a parameter (on a GPU all of them; vLLM fuses q/k/v
     and gate/up, so each fused tensor is compared with the sum of its parts) has the (sum, sum of
-    squares) of the policy's tensors cast to the compute dtype;
+    squares) of the policy's tensors cast to the dtype vLLM holds it in;
   - by log-probabilities, for the linear weights the CPU build has repacked into kernels' own
     layouts (no longer readable as parameters): vLLM's log-probs of a fixed probe sequence must
     equal the policy's within LOGPROB_TOLERANCE.
@@ -173,27 +173,26 @@ class VLLMEngine:
     def verify(self, policy: Any) -> dict[str, int]:
         """Raise StaleWeightsError unless vLLM holds the policy's weights; returns how many tensors
         were compared exactly and how many (repacked) by log-probabilities."""
-        import torch
 
-        want: dict[str, list[float]] = {}
+        parts: dict[str, list[Any]] = {}  # vLLM's name -> the policy tensors it holds
         for name, p in policy.named_parameters():
-            x = p.detach().to(getattr(torch, self.dtype)).double()
-            total = want.setdefault(fused_name(name), [0.0, 0.0])
-            total[0] += float(x.sum())
-            total[1] += float((x * x).sum())
+            parts.setdefault(fused_name(name), []).append(p.detach())
         exact, packed = 0, 0
         for name, p in self.model().named_parameters():
             if p.numel() == 0:
                 packed += 1  # the CPU build moved this weight into a kernel's packed layout
                 continue
-            if name not in want:
+            if name not in parts:
                 raise StaleWeightsError(f"vLLM holds a tensor the policy has no counterpart for: {name}")
+            # compared in the dtype vLLM holds this tensor in (its CPU kernels keep biases in fp32)
             x = p.detach().double()
             got = (float(x.sum()), float((x * x).sum()))
-            if not all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-9) for g, w in zip(got, want[name], strict=True)):
+            cast = [t.to(p.dtype).double() for t in parts[name]]
+            want = (sum(float(t.sum()) for t in cast), sum(float((t * t).sum()) for t in cast))
+            if not all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-9) for g, w in zip(got, want, strict=True)):
                 raise StaleWeightsError(
                     f"VLLMEngine holds other weights than the policy after sync_weights: {name} "
-                    f"(sum, sum of squares) {got} != {tuple(want[name])}: its rollouts would come from a stale policy"
+                    f"(sum, sum of squares) {got} != {want}: its rollouts would come from a stale policy"
                 )
             exact += 1
         if packed:
