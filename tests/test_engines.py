@@ -96,6 +96,14 @@ def test_copy_engine_is_stale_until_synced(model_dir: Path) -> None:
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.equal(engine.model(input_ids=ids).logits, policy(input_ids=ids).logits)
+    # a sync that misses one linear weight (the norms arrive) is caught: the check covers every tensor
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if name.endswith("layers.1.self_attn.q_proj.weight"):
+                p.add_(1e-3)
+    engine.model.load_state_dict({n: t for n, t in policy.state_dict().items() if "q_proj" not in n}, strict=False)
+    with pytest.raises(StaleWeightsError, match="stale policy"):
+        check_synced(engine, policy)
 
 
 class ForgetfulEngine(HFCopyEngine):

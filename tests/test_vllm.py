@@ -262,3 +262,33 @@ def test_an_rl_run_under_vllm_killed_and_resumed_equals_the_uninterrupted_one(
     a = load_file(str(next((tmp_path / "clean/model").glob("*.safetensors"))))
     b = load_file(str(next((tmp_path / "faulty/model").glob("*.safetensors"))))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "weights differ after resuming"
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_each_run_vllm_as_a_data_parallel_rank(
+    models: dict[str, Path], small_world: Path, tmp_path: Path
+) -> None:
+    """The multi-GPU launch path on a CPU: accelerate starts two processes (gloo), each trains its
+    replica on its share of the questions and samples from its own vLLM, which joins through the
+    external launcher as one of two data-parallel ranks; the replicas and buffers stay identical."""
+    import socket
+
+    from meml.core.tracking import ensure_experiment
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment({"tracking_uri": store, "experiment": "faults"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(PROJECT / "config/accelerate/cpu_gloo.yaml"), "--num_processes", "2", "--main_process_port", str(port),
+           str(PROJECT / "tests/rl_worker.py"), str(models["qwen2"]), str(small_world), str(tmp_path / "run"), store,
+           "none", "vllm"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{PROJECT / 'tests'}:{PROJECT / 'pipeline'}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "data_parallel_rank to 1" in done.stdout + done.stderr  # vLLM saw two ranks
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["dist/processes"] == 2 for r in rows)
+    assert all(r["dist/replicas_identical"] == 1 and r["dist/buffers_identical"] == 1 for r in rows)
+    assert (tmp_path / "run/DONE").is_file()
