@@ -4,7 +4,8 @@
     python scripts/gpu_check.py --cpu           # CPU: the tiny qwen2 model, fp32, short lengths
 
 (a) rollout tokens per second of the HF engine, and the time and peak memory of one MEML-GRPO
-    step and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths;
+    step and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths and rollout
+    engine (vLLM);
 (b) where vLLM is importable (its GPU build, or its CPU build with --cpu): on the same weights,
     greedy completions of the vLLM and HF engines agree on at least 95% of a fixed prompt set;
     after an optimiser step and a weight sync every weight arrived (VLLMEngine.verify) and vLLM's
@@ -44,6 +45,7 @@ def settings_for(cpu: bool, questions: int) -> dict[str, Any]:
     if cpu:
         cfg.update(device="cpu", precision="fp32", gradient_checkpointing="auto")
         cfg["rl"].update(max_new_tokens=32, rollout_batch_size=64)
+        cfg["rl"]["vllm"]["max_model_len"] = None  # the tiny model's own context (2048), not the paper's 4096
     cfg["mlflow"]["enabled"] = False
     return cfg
 
