@@ -287,7 +287,6 @@ def test_two_processes_under_accelerate_each_run_vllm_as_a_data_parallel_rank(
     env = {**os.environ, "PYTHONPATH": f"{PROJECT / 'tests'}:{PROJECT / 'pipeline'}", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "data_parallel_rank to 1" in done.stdout + done.stderr  # vLLM saw two ranks
     rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(r["dist/processes"] == 2 for r in rows)
     assert all(r["dist/replicas_identical"] == 1 and r["dist/buffers_identical"] == 1 for r in rows)

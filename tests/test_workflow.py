@@ -178,7 +178,7 @@ def test_a_forced_rerun_keeps_the_old_run_with_its_evaluation_and_one_active_mlf
     assert "predates the newest evaluations: rebuild it with" in done.stderr
     [aside] = (folder / "previous").iterdir()
     assert (aside / "eval.json").read_text() == old_eval  # the old evaluation, kept with its run
-    assert (aside / "DONE").is_file() and evaluation.is_file()
+    assert (aside / "metrics.jsonl").is_file() and (aside / "model").is_dir() and evaluation.is_file()
     done = _run(smoke_run, *config, "--", "report/smoke/index.md")
     assert done.returncode == 0 and "Done. Report: report/smoke/index.md" in done.stderr
     mlflow.set_tracking_uri(f"sqlite:///{smoke_run / 'results/mlflow.db'}")

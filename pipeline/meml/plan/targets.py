@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from meml.core.io import DataError
+from meml.plan.layout import RESULTS
 
 DATASETS = ("gsm8k", "strategyqa", "mathqa")
 # the results/<profile>/<stage>/ folders whose paths name a cell: model/dataset/method/seed<k>
@@ -49,7 +50,7 @@ def named_on(argv: Iterable[str]) -> list[str]:
     out = []
     for arg in argv:
         value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
-        if value.startswith("results/"):
+        if value.startswith(f"{RESULTS}/"):
             out.append(value)
     return out
 
@@ -59,12 +60,12 @@ def check(cfg: dict[str, Any], targets: Iterable[str]) -> None:
     profile = cfg["profile"]
     for target in targets:
         parts = list(PurePosixPath(str(target)).parts)
-        if len(parts) < 3 or parts[0] != "results":
+        if len(parts) < 3 or parts[0] != str(RESULTS):
             continue  # a rule name, the report, a file outside results/: Snakemake's own checks
         if parts[1] != profile:
             raise DataError(
                 f"target {target}: profile '{parts[1]}' is not this config's ('{profile}'); "
-                f"name results/{profile}/..., or pass the config whose profile it is (--configfile)"
+                f"name {RESULTS}/{profile}/..., or pass the config whose profile it is (--configfile)"
             )
         problem = _problem(cfg, parts[2:])
         if problem:
