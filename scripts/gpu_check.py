@@ -110,7 +110,6 @@ def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, 
         optimizer.step()
         optimizer.zero_grad()
 
-    stale_gap = None
     step()
     stale_gap = engine.logprob_gap(policy)
     started = time.time()

@@ -5,6 +5,8 @@
     engine.sync_weights(model)               -> make the engine sample from the current policy
     engine.fingerprint()                     -> a checksum of the weights it samples from, or None
                                                 when it samples from the policy module itself
+    engine.verify(policy)                    -> (instead of fingerprint) raise StaleWeightsError
+                                                unless it holds the policy's weights (vLLM)
 
 `HFEngine` samples from the policy module, so its weights are always current. An engine with its
 own copy of the weights (`HFCopyEngine` here, `VLLMEngine` in rollout_vllm.py) must copy them in

@@ -168,9 +168,6 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
-    def fingerprint(self) -> tuple[float, float] | None:
-        return None  # check_synced calls verify instead
-
     def verify(self, policy: Any) -> dict[str, int]:
         """Raise StaleWeightsError unless vLLM holds the policy's weights; returns how many tensors
         were compared exactly and how many (repacked) by log-probabilities."""
