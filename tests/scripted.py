@@ -14,8 +14,9 @@ from meml.training.rollout import Completion, Sampling
 class ScriptedEngine:
     """Answers every expert-1 prompt correctly and every other expert wrongly; records the prompts."""
 
-    def __init__(self, tokenizer: Any, answers: dict[str, str]) -> None:
+    def __init__(self, tokenizer: Any, answers: dict[str, str], finished: bool = True) -> None:
         self.tokenizer, self.answers, self.calls = tokenizer, answers, []
+        self.finished = finished  # False: every reply is cut at the token cap (no stop token)
 
     def sync_weights(self, model: Any) -> None:
         pass
@@ -36,8 +37,9 @@ class ScriptedEngine:
             self.calls.append(text)
             question = next(q for q in self.answers if q in text)
             replies = self.replies(text, question, k)
-            encoded = [self.tokenizer(r, add_special_tokens=False)["input_ids"] + eos for r in replies]
-            out.append([Completion(ids, r, True) for ids, r in zip(encoded, replies, strict=True)])
+            stop = eos if self.finished else []
+            encoded = [self.tokenizer(r, add_special_tokens=False)["input_ids"] + stop for r in replies]
+            out.append([Completion(ids, r, self.finished) for ids, r in zip(encoded, replies, strict=True)])
         return out
 
 

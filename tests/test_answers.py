@@ -12,6 +12,7 @@ from meml.core.answers import (
     is_correct,
     parse_number,
     reward,
+    score,
 )
 from meml.data.loaders import parse_mathqa_options
 
@@ -48,6 +49,14 @@ def test_reward_and_format_bonus() -> None:
     assert reward("#### 4", "gsm8k", "5", config=bonus) == pytest.approx(0.1)
     assert reward("#### 5", "gsm8k", "5", config=bonus) == pytest.approx(1.1)
     assert reward("it is 5", "gsm8k", "5", config=bonus) == pytest.approx(1.0)
+
+
+def test_an_answer_cut_at_the_cap_scores_nothing() -> None:
+    # the lenient checker reads "5" out of a half-written chain; cut, it is neither correct nor rewarded
+    half = "First 2 + 3 = 5, then we add the"
+    assert score(half, "gsm8k", "5") == (True, 1.0)
+    assert score(half, "gsm8k", "5", finished=False) == (False, 0.0)
+    assert score("#### 5", "gsm8k", "5", RewardConfig(format_bonus=0.1), finished=False) == (False, 0.0)
 
 
 def test_unknown_mode_and_dataset_are_errors() -> None:

@@ -103,6 +103,26 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
     assert environment["threads"] == torch.get_num_threads()
 
 
+def test_a_rollout_cut_at_the_cap_gets_reward_zero(small_world: Path, base_model: Path) -> None:
+    from meml.core.answers import RewardConfig
+    from meml.training.groups import sample_groups
+
+    data = small_world / "data/gsm8k"
+    batch = read_records(data / "train.jsonl")[:2]
+    rewarded = RewardConfig(format_bonus=0.1)
+    scored = {}
+    for finished in (True, False):  # the same replies, ended by a stop token or cut at the cap
+        engine = scripted_engine(base_model, data)
+        engine.finished = finished
+        scored[finished] = sample_groups(
+            engine, engine.tokenizer, batch, [0, 1], [2, 2], Sampling(), DEFAULT_PROMPTS, rewarded
+        )
+    # expert 1 answers right ("#### <gold>": 1 + the format bonus), expert 0 wrong (the bonus only)
+    assert torch.equal(scored[True].rewards[:, 1], torch.full((2, 2), 1.1)) and scored[True].correct[:, 1].all()
+    assert torch.equal(scored[True].rewards[:, 0], torch.full((2, 2), 0.1))
+    assert scored[False].rewards.eq(0).all() and not scored[False].correct.any()
+
+
 @pytest.fixture(scope="module")
 def sft_model(small_world: Path, base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sft")

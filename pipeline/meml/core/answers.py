@@ -355,11 +355,20 @@ class RewardConfig:
 
 
 def score(
-    text: str, dataset: str, gold: str, options: Mapping[str, str] | None = None, config: RewardConfig | None = None
+    text: str,
+    dataset: str,
+    gold: str,
+    options: Mapping[str, str] | None = None,
+    config: RewardConfig | None = None,
+    finished: bool = True,
 ) -> tuple[bool, float]:
     """(is it correct, its reward): 1 for a correct answer, 0 otherwise, plus `format_bonus` when the
-    canonical line is present. The RL loop needs both; one extraction serves them."""
+    canonical line is present. The RL loop needs both; one extraction serves them.
+    An answer cut at the token cap (`finished` False) is wrong and earns nothing: the lenient
+    checker would otherwise take the last number of a half-written chain as its answer."""
     config = config or RewardConfig()
+    if not finished:
+        return False, 0.0
     correct = is_correct(text, dataset, gold, config.mode, options)
     value = float(correct)
     if config.format_bonus and has_canonical_format(text, dataset):

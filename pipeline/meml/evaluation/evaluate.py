@@ -165,31 +165,37 @@ def evaluate_model(
             seconds = time.time() - started
             assert result is not None
             scores = result["results"][name]
-            direct, finished = [], []
+            n = 0
+            correct = {"strict": 0, "lenient": 0}
+            cut_correct = {"strict": 0, "lenient": 0}  # correct-looking answers cut at the cap
+            finished = 0
             for sample in result["samples"][name]:
                 if sample["filter"] != "lenient":
                     continue
                 doc = sample["doc"]
                 response = sample["resps"][0][0]
                 record = by_id[doc["id"]]
-                strict = extract(response, dataset, "strict", record.options)
-                lenient = extract(response, dataset, "lenient", record.options)
-                ok = answers_match(lenient, record.answer, dataset)
-                direct.append(ok)
-                # finished: shorter than the cap when re-tokenised (lm-eval returns text, not tokens)
-                finished.append(len(tokenizer(response, add_special_tokens=False)["input_ids"]) < cap)
-                per_question[record.id][f"e{k}"] = {
-                    "response": response,
-                    "strict": strict,
-                    "lenient": lenient,
-                    "strict_correct": answers_match(strict, record.answer, dataset),
-                    "lenient_correct": ok,
-                }
+                # finished: shorter than the cap when re-tokenised (lm-eval returns text, not tokens);
+                # a cut answer is wrong in every mode, and abstains from the vote
+                done = len(tokenizer(response, add_special_tokens=False)["input_ids"]) < cap
+                entry: dict[str, Any] = {"response": response, "finished": done}
+                for mode in ("strict", "lenient"):
+                    answer = extract(response, dataset, mode, record.options)
+                    looks_right = answers_match(answer, record.answer, dataset)
+                    entry[mode] = answer if done else None
+                    entry[f"{mode}_correct"] = done and looks_right
+                    correct[mode] += done and looks_right
+                    cut_correct[mode] += not done and looks_right
+                per_question[record.id][f"e{k}"] = entry
+                finished += done
+                n += 1
             out["experts"][f"e{k}"] = {
-                "strict": scores["accuracy,strict"],
-                "lenient": scores["accuracy,lenient"],
-                "lenient_by_checker": sum(direct) / len(direct),
-                "finished": sum(finished) / len(finished),
+                "strict": correct["strict"] / n,
+                "lenient": correct["lenient"] / n,
+                # lm-eval's own scoring of the same responses, which does not know the cap
+                "lm_eval": {"strict": scores["accuracy,strict"], "lenient": scores["accuracy,lenient"]},
+                "cut_correct_looking": cut_correct,
+                "finished": finished / n,
                 "seconds": round(seconds, 2),
                 "seconds_per_100_questions": round(100 * seconds / len(records), 2),
             }

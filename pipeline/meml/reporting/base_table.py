@@ -18,6 +18,7 @@ from meml.core.answers import answers_match
 from meml.core.io import DataError, read_json
 from meml.data.experts import prompts_of
 from meml.plan import grid
+from meml.reporting.results import cut_note
 from meml.reporting.tables import DATASET_TITLES, MISSING, Table
 
 CHANCE_NOTE = {
@@ -65,6 +66,7 @@ def base_table(cfg: dict[str, Any], root: str | Path) -> Table:
         [("accuracy %", ["ours", "95% CI", "correct"]), ("", ["finished %", "chance %", "published %"])],
     )
     notes = []
+    reports = []
     for model in grid.models(cfg):
         entry = cfg["models"][model]
         published = entry.get("published") or {}
@@ -73,6 +75,7 @@ def base_table(cfg: dict[str, Any], root: str | Path) -> Table:
             if not path.is_file():
                 raise DataError("no base evaluation (eval.base: true writes it)", path)
             report = read_json(path)["model"]
+            reports.append(report)
             samples = report["samples"]
             chance = f"{chance_level(ds, [str(q['gold']) for q in samples]):.1f}"
             figure = published.get(ds)
@@ -97,7 +100,8 @@ def base_table(cfg: dict[str, Any], root: str | Path) -> Table:
     table.notes = [
         "The model as the config gives it, before SFT or RL, greedy, the same lm-eval task, questions and "
         "length cap as the cells. 95% CI: Wilson score interval over the test questions. finished %: answers "
-        "that ended within the length cap (a cut answer scores 0).",
+        "that ended within the length cap.",
+        cut_note(reports, mode),
         "chance %: " + "; ".join(f"{DATASET_TITLES[ds]} {CHANCE_NOTE[ds]}" for ds in cfg["grid"]["datasets"]) + ".",
         *notes,
     ]

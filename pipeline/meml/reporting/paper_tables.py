@@ -31,7 +31,7 @@ def _notes(cfg: dict[str, Any], results: Results, extra: list[str]) -> list[str]
         f"Accuracy in % ({results.metric} answer checker), {spread}; paper: the published value; "
         "diff: ours minus paper."
     )
-    return notes + extra
+    return [*notes, *extra, results.cut_note()]
 
 
 def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Table:
@@ -57,7 +57,7 @@ def main_table(cfg: dict[str, Any], results: Results, reference: dict[str, Any])
         mean = 100 * statistics.fmean(f for f, _ in finished)
         notes.append(
             f"Answers of expert {h} that ended within the token cap: mean {mean:.1f}%, "
-            f"lowest {100 * low:.1f}% ({where}); a cut answer usually scores 0."
+            f"lowest {100 * low:.1f}% ({where})."
         )
     table.notes = _notes(cfg, results, notes)
     return table

@@ -58,6 +58,10 @@ class Results:
             if "finished" in e["experts"].get(expert, {})
         ]
 
+    def cut_note(self) -> str:
+        """The tables' note on answers cut at the token cap (scored wrong), over every cell."""
+        return cut_note([e for runs in self.evals.values() for e in runs], self.metric)
+
     def per_seed(self, models: list[str], datasets: list[str], method: str, get: Any = None) -> list[float]:
         """Per-seed mean over the given models and data sets of the headline accuracy (or of
         `get(model, ds, method)`, e.g. `self.vote`)."""
@@ -115,6 +119,22 @@ class Results:
         """A metric per step, averaged over seeds."""
         runs = self.curves(model, ds, method, metric)
         return [statistics.fmean(step) for step in zip(*runs, strict=True)] if runs else []
+
+
+def cut_note(reports: list[dict[str, Any]], mode: str) -> str:
+    """How many answers were cut at the token cap, and how many of them looked correct (the checker
+    would have taken them) but were scored wrong, over these evaluations' experts ("model" blocks)."""
+    answers = cut = looked = 0
+    for report in reports:
+        for e in report["experts"].values():
+            n = report.get("questions") or len(report.get("samples", ()))
+            answers += n
+            cut += round(n * (1 - e.get("finished", 1.0)))
+            looked += e.get("cut_correct_looking", {}).get(mode, 0)
+    return (
+        f"Answers cut at the token cap score 0 (in RL as well): {cut} of {answers} answers were cut, "
+        f"{looked} of them correct-looking to the {mode} checker."
+    )
 
 
 def subgroup_share(kind: str) -> Any:

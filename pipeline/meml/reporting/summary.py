@@ -235,7 +235,7 @@ def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[st
         f"adjusted p below {1 - s['level']:.2f} (each interval is for its own comparison, so with several tests "
         "one can exclude 0 and still be inconclusive); "
         f"'matches' means within {s['margin']} points; no verdict at floor or chance, or with fewer than "
-        f"{s['min_seeds']} seeds.",
+        f"{s['min_seeds']} seeds. {results.cut_note()}",
     ]
     sections = {"claims": "The paper's claims:", "questions": "The open questions (extras):"}
     for section, title in sections.items():

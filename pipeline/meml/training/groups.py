@@ -99,7 +99,7 @@ def sample_groups(
     for q, record in enumerate(batch):
         for e in range(E):
             for r, c in enumerate(completions[q][e]):
-                ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config)
+                ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config, c.finished)
                 correct[q, e, r], valid[q, e, r], rewards[q, e, r] = ok, True, value
     return Groups(list(batch), prompt, completions, rewards, correct, valid)
 
