@@ -9,6 +9,7 @@ from meml.core.config import load_config
 from meml.core.io import DataError
 from meml.data.tiny_models import tiny_arch
 from meml.plan import grid
+from meml.plan.layout import Layout
 
 
 def test_default_grid_is_the_papers() -> None:
@@ -196,7 +197,20 @@ def test_sft_seeds_keep_the_shared_base_and_a_gguf_base_is_never_retrained() -> 
     assert grid.base_folder(real, "smollm2", 3) == grid.built_folder(real, "smollm2")  # a GGUF model: one base
 
 
-@pytest.mark.parametrize("vary", [["sft"], ["pretrain", "rl"], ["pretrain"]])
+def test_data_seeds_train_on_their_own_world_and_test_on_the_shared_one() -> None:
+    cfg = _chain(["data", "pretrain", "sft", "rl"])
+    grid.check(cfg, 3)
+    layout = Layout.of(cfg)
+    assert grid.data_folder(cfg, 3) == "seed3" and grid.data_folder(cfg, None) == ""
+    assert layout.data("toy", "gsm8k", grid.data_folder(cfg, 3)) == layout.root / "toy/seed3/data/gsm8k"
+    assert grid.data_folder(_chain(["pretrain", "sft", "rl"]), 3) == ""  # the data stay the world's
+    assert grid.cell_params(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["data", "pretrain", "sft", "rl"]
+    real = load_config(PROJECT / "config" / "real-model.yaml", {"grid.seeds_vary": ["data", "pretrain", "sft", "rl"]})
+    with pytest.raises(DataError, match="only the toy world"):
+        grid.check(real, 3)
+
+
+@pytest.mark.parametrize("vary", [["sft"], ["pretrain", "rl"], ["pretrain"], ["data", "sft", "rl"]])
 def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: list[str]) -> None:
     with pytest.raises(DataError, match="seeds_vary") as err:
         grid.check(_chain(vary), 3)

@@ -125,3 +125,32 @@ def test_mathqa_small_numbers_are_one_digit_facts_and_too_many_is_an_error() -> 
     assert max(int(n) for _, p, _, _ in big for n in re.findall(r"\d+", p.text)) > 1000
     with pytest.raises(DataError, match=r"toy\.sizes\.mathqa.*fewer than the 2000 asked for"):
         mathqa.generate(random.Random(3), 2000, small=True)
+
+
+def test_a_seed_world_draws_its_own_training_data_beside_the_shared_test_set(tmp_path: Path) -> None:
+    build_world(tmp_path / "world", 0, SIZES)
+    for k in (1, 2):
+        build_world(tmp_path / f"seed{k}", 0, SIZES, draw=k, drawn=("gsm8k", "strategyqa"))
+    build_world(tmp_path / "again", 0, SIZES, draw=1, drawn=("gsm8k", "strategyqa"))
+    files = _files(tmp_path / "seed1")
+    assert files == _files(tmp_path / "again")
+    _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "seed1", tmp_path / "again", files, shallow=False)
+    assert not mismatch and not errors  # the same draw, byte for byte
+
+    def questions(world: str, ds: str, split: str) -> list[str]:
+        return [r.question for r in read_records(tmp_path / world / "data" / ds / f"{split}.jsonl")]
+
+    for ds in ("gsm8k", "strategyqa"):
+        test = questions("world", ds, "test")
+        trains = [questions(w, ds, "train") for w in ("world", "seed1", "seed2")]
+        assert all(len(t) == SIZES[ds][0] for t in trains)
+        for world in ("seed1", "seed2"):
+            assert questions(world, ds, "test") == test  # the methods are still compared on the same questions
+            assert not set(questions(world, ds, "train")) & set(test)
+        assert len({tuple(t) for t in trains}) == 3  # each seed its own draw
+        trajectories = [(tmp_path / w / "experts" / ds / "e2.jsonl").read_text() for w in ("world", "seed1")]
+        assert trajectories[0] != trajectories[1]
+    kb = [(tmp_path / w / "raw/strategyqa/knowledge_base.json").read_text() for w in ("world", "seed1", "seed2")]
+    assert kb[0] == kb[1] == kb[2]  # the creatures the test questions ask about
+    for name in ("train.jsonl", "test.jsonl"):  # a data set not drawn is the world's
+        assert filecmp.cmp(tmp_path / "world/data/mathqa" / name, tmp_path / "seed1/data/mathqa" / name, shallow=False)

@@ -67,7 +67,7 @@ def _ids(text: str) -> list[int]:
 def cmd_toy_world(args: argparse.Namespace) -> None:
     from meml.data import jobs
 
-    for summary in jobs.toy_world(_config(args), args.out):
+    for summary in jobs.toy_world(_config(args), args.out, args.seed):
         print(f"{summary['dataset']}: {summary['train']} train / {summary['test']} test -> {args.out}")
 
 
@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("toy-world", help="build the toy data sets and expert trajectories")
     with_config(p)
     p.add_argument("--out", required=True, help="output folder (data/, experts/, raw/ go inside)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="grid seed whose own training data this is (grid.seeds_vary: data)"
+    )
     p.set_defaults(func=cmd_toy_world)
 
     p = sub.add_parser("toy-stats", help="print the toy world's statistics")

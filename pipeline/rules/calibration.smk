@@ -20,7 +20,7 @@ rule calibrate:
         experts=variant_experts,
         env=job_env,
         model=f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/model",
-        data=DATA,
+        data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data",  # its training questions are the seed's
     threads: config["threads"]
     resources:
         gpu=GPU,

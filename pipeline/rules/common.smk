@@ -42,7 +42,7 @@ WORLD = config["world"]
 RESULTS = f"results/{PROFILE}"
 REPORT = f"report/{PROFILE}"
 LOGS = f"logs/{PROFILE}"
-DATA = f"{RESULTS}/{WORLD}/data"  # the prepared data sets of this world
+DATA = f"{RESULTS}/{WORLD}/data"  # the prepared data sets of this world (every test split is read here)
 DATASETS = config["grid"]["datasets"]
 MODELS = grid.models(config)
 CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
@@ -112,6 +112,24 @@ def sft_variant(wildcards):
     """The SFT run a cell starts RL from: its method's sft_experts (e0-e1-e2), and its seed where
     seeds retrain SFT (e0-e1-e2/seed3; grid.seeds_vary)."""
     return grid.sft_run(config, config["methods"][wildcards.method]["sft_experts"], int(wildcards.seed))
+
+
+def seed_world(seed):
+    """The world folder grid seed `seed` trains on: its own where seeds redraw the data
+    (results/<profile>/toy/seed3; grid.seeds_vary: data), else the shared one."""
+    sub = grid.data_folder(config, None if seed in (None, "") else int(seed))
+    return f"{RESULTS}/{WORLD}/{sub}".rstrip("/")
+
+
+def seed_world_files(seed):
+    """What a seed's own world is made of, as inputs (its data sets' splits and trajectories)."""
+    world = seed_world(seed)
+    if world == f"{RESULTS}/{WORLD}":
+        return []
+    return [
+        *expand(f"{world}/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
+        *expand(f"{world}/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
+    ]
 
 
 def variant_experts(wildcards):

@@ -15,6 +15,21 @@ rule toy_world:
         "{MEML} toy-world --out {params.out} --config-json {params.cfg} > {log} 2>&1"
 
 
+rule toy_seed_world:
+    # grid.seeds_vary: data: grid seed k's own training questions and trajectories, drawn beside the
+    # shared world's test questions (and StrategyQA's creatures), which it repeats
+    output:
+        expand(f"{RESULTS}/toy/seed{{{{seed}}}}/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
+        expand(f"{RESULTS}/toy/seed{{{{seed}}}}/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
+    params:
+        cfg=cli_config("seed", "toy", "experts", only={"grid": ["datasets"]}),
+        out=lambda w: f"{RESULTS}/toy/seed{w.seed}",
+    log:
+        f"{LOGS}/toy_world/seed{{seed}}.log",
+    shell:
+        "{MEML} toy-world --out {params.out} --seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"
+
+
 rule toy_stats:
     input:
         rules.toy_world.output,

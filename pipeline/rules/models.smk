@@ -21,8 +21,13 @@ def folder_models(wildcards):
 
 def tiny_folder_seed(wildcards):
     """`--seed k` for a seed's own base (seed3/qwen2; grid.seeds_vary: pretrain), else nothing."""
-    seed = wildcards.folder.partition("/")[0].removeprefix("seed") if "/" in wildcards.folder else ""
+    seed = folder_seed(wildcards)
     return f"--seed {seed}" if seed else ""
+
+
+def folder_seed(wildcards):
+    """The grid seed of a seed's own base (seed3/qwen2 -> "3"), "" for a shared one."""
+    return wildcards.folder.partition("/")[0].removeprefix("seed") if "/" in wildcards.folder else ""
 
 
 rule tiny_model:
@@ -30,6 +35,7 @@ rule tiny_model:
         rules.toy_world.output if WORLD == "toy" else expand(
             f"{RESULTS}/real/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]
         ),
+        lambda w: seed_world_files(folder_seed(w)),  # the seed's own world (grid.seeds_vary: data)
     output:
         f"{RESULTS}/models/{{folder}}/config.json",
     wildcard_constraints:
@@ -42,7 +48,7 @@ rule tiny_model:
         ),
         seed=tiny_folder_seed,
         env=job_env,
-        root=f"{RESULTS}/{WORLD}",
+        root=lambda w: seed_world(folder_seed(w)),
         out=lambda w: f"{RESULTS}/models/{w.folder.rpartition('/')[0]}".rstrip("/"),
     # pretraining (toy.pretrain.steps) is minutes of compute with nothing beside it: every core
     threads: workflow.cores if config["toy"]["pretrain"]["steps"] else config["threads"]

@@ -7,8 +7,9 @@
 rule sft:
     input:
         base_model_files,
-        data=f"{RESULTS}/{WORLD}/data/{{ds}}/train.jsonl",
-        experts=expand(f"{RESULTS}/{WORLD}/experts/{{{{ds}}}}/e{{k}}.jsonl", k=ALL_EXPERTS),
+        # the seed's own world where seeds redraw the data (grid.seeds_vary: data)
+        data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data/{w.ds}/train.jsonl",
+        experts=lambda w: expand(f"{seed_world(grid.run_seed(w.variant))}/experts/{w.ds}/e{{k}}.jsonl", k=ALL_EXPERTS),
     output:
         f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/DONE",
     params:

@@ -13,12 +13,17 @@ from meml.core.records import Record, check_dataset_name, read_records, write_re
 from meml.data.experts import prompts_of
 
 
-def toy_world(cfg: dict[str, Any], out: str) -> list[dict[str, Any]]:
+def toy_world(cfg: dict[str, Any], out: str, draw: int | None = None) -> list[dict[str, Any]]:
+    """The toy world of the config's seed; with `draw` (a grid seed, grid.seeds_vary: data) that
+    seed's own world: the grid's data sets get its own training questions and trajectories."""
     from meml.data.toy.world import build_world
 
     sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
     toy = cfg["toy"]
-    return build_world(out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"])  # type: ignore[arg-type]
+    return build_world(
+        out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"],  # type: ignore[arg-type]
+        draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (),
+    )  # fmt: skip
 
 
 def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None = None) -> dict[str, Path]:

@@ -74,8 +74,15 @@ CHAIN_STRIDE = 1000  # seed k's pretraining and SFT seed: config seed + 1000 k (
 
 
 def varies(cfg: dict[str, Any], stage: str) -> bool:
-    """Whether a grid seed retrains this stage (pretrain, sft or rl)."""
+    """Whether a grid seed retrains this stage (pretrain, sft or rl) or redraws its data (data)."""
     return stage in cfg["grid"]["seeds_vary"]
+
+
+def data_folder(cfg: dict[str, Any], seed: int | None) -> str:
+    """The folder below results/<profile>/toy/ of grid seed `seed`'s own world where seeds redraw
+    the data (grid.seeds_vary: data): seed3. Its training questions and expert trajectories are its
+    own, its test questions the shared world's. "" for the shared world."""
+    return f"seed{seed}" if seed is not None and varies(cfg, "data") else ""
 
 
 def stage_seed(cfg: dict[str, Any], seed: int | None) -> int:
@@ -263,10 +270,18 @@ def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
     """Checks across keys that the JSON schema cannot express; each error names its key."""
     vary = cfg["grid"]["seeds_vary"]
-    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary):
+    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary) or ("data" in vary and "pretrain" not in vary):
         raise DataError(
-            f"seeds_vary {vary}: a seed always retrains RL, and a seed that retrains pretraining retrains SFT "
-            "from it; use [rl], [sft, rl] or [pretrain, sft, rl]",
+            f"seeds_vary {vary}: a seed always retrains RL, a seed that retrains pretraining retrains SFT "
+            "from it, and a seed that redraws the data retrains everything on them; use [rl], [sft, rl], "
+            "[pretrain, sft, rl] or [data, pretrain, sft, rl]",
+            None,
+            None,
+            "grid.seeds_vary",
+        )
+    if "data" in vary and cfg["world"] != "toy":
+        raise DataError(
+            "seeds_vary [data]: only the toy world can draw new training data; a real data set has one",
             None,
             None,
             "grid.seeds_vary",

@@ -4,6 +4,7 @@
     results/<profile>/
         <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
         <world>/experts/<ds>/e<k>.jsonl           expert trajectories
+        toy/seed<k>/{data,experts,raw}/           seed k's own training data (grid.seeds_vary: data)
         models/<name>/                            tiny models (toy world and real-smoke), models from GGUF files
         models/seed<k>/<name>/                    seed k's own pretrained tiny model (grid.seeds_vary: pretrain)
         sft/<model>/<ds>/<variant>/{model,DONE}   MEF runs (variant: the experts, e.g. e0-e1-e2)
@@ -38,18 +39,19 @@ class Layout:
     def of(cls, cfg: dict[str, Any], results: str | Path | None = None) -> Layout:
         return cls(Path(results) if results else RESULTS / cfg["profile"])
 
-    def world(self, world: str) -> Path:
-        return self.root / world
+    def world(self, world: str, sub: str = "") -> Path:
+        """A world's folder; `sub` (seed3, grid.data_folder) a grid seed's own toy world inside it."""
+        return self.root / world / sub if sub else self.root / world
 
-    def data_root(self, world: str) -> Path:
+    def data_root(self, world: str, sub: str = "") -> Path:
         """The prepared data sets of a world (one folder per data set inside)."""
-        return self.root / world / "data"
+        return self.world(world, sub) / "data"
 
-    def data(self, world: str, dataset: str) -> Path:
-        return self.data_root(world) / dataset
+    def data(self, world: str, dataset: str, sub: str = "") -> Path:
+        return self.data_root(world, sub) / dataset
 
-    def experts(self, world: str, dataset: str) -> Path:
-        return self.root / world / "experts" / dataset
+    def experts(self, world: str, dataset: str, sub: str = "") -> Path:
+        return self.world(world, sub) / "experts" / dataset
 
     @property
     def models(self) -> Path:

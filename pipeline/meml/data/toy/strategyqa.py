@@ -187,9 +187,12 @@ def render_e2(q: Question, rng: random.Random) -> str:
     return "\n".join(out)
 
 
-def generate(rng: random.Random, count: int) -> tuple[list[tuple[dict[str, object], Question]], list[Creature]]:
-    """`count` distinct questions as official-format StrategyQA rows, balanced yes/no."""
-    kb = knowledge_base(rng)
+def generate(
+    rng: random.Random, count: int, kb: list[Creature] | None = None
+) -> tuple[list[tuple[dict[str, object], Question]], list[Creature]]:
+    """`count` distinct questions as official-format StrategyQA rows, balanced yes/no, about the
+    creatures of `kb` (default: a knowledge base drawn first from `rng`)."""
+    kb = kb if kb is not None else knowledge_base(rng)
     seen: set[str] = set()
     out: list[tuple[dict[str, object], Question]] = []
     yes = 0

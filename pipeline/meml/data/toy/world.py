@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,15 @@ def _write_gsm8k(
     return render
 
 
-def _write_strategyqa(raw: Path, rng: random.Random, style_rng: random.Random, n_train: int, n_test: int) -> Renderer:
-    items, kb = toy_strategyqa.generate(rng, n_train + n_test)
+def _write_strategyqa(
+    raw: Path,
+    rng: random.Random,
+    style_rng: random.Random,
+    n_train: int,
+    n_test: int,
+    kb: list[toy_strategyqa.Creature] | None = None,
+) -> Renderer:
+    items, kb = toy_strategyqa.generate(rng, n_train + n_test, kb)
     rows = [row for row, _ in items]
     # Official layout: train.json + dev.json together are the labelled set; the loader splits it.
     cut = len(rows) * 9 // 10
@@ -85,6 +93,60 @@ def _write_mathqa(
 WRITERS = {"gsm8k": _write_gsm8k, "strategyqa": _write_strategyqa, "mathqa": _write_mathqa}
 
 
+def _generate(
+    root: Path,
+    dataset: str,
+    name: str,
+    n_train: int,
+    n_test: int,
+    gsm8k_max_ops: int | None,
+    mathqa_small: bool,
+    kb: list[toy_strategyqa.Creature] | None = None,
+) -> tuple[list[Record], Renderer]:
+    """Draw one data set from the random streams called `name`, write its raw files under root/raw/
+    and read them back through the real loader: (records, their expert renderer)."""
+    rng = random.Random(f"toy-{name}-{dataset}")
+    style_rng = random.Random(f"toy-{name}-{dataset}-styles")
+    raw = root / "raw" / dataset
+    if dataset == "gsm8k":
+        render = _write_gsm8k(raw, rng, style_rng, n_train, n_test, gsm8k_max_ops)
+    elif dataset == "mathqa":
+        render = _write_mathqa(raw, rng, style_rng, n_train, n_test, mathqa_small)
+    else:
+        render = _write_strategyqa(raw, rng, style_rng, n_train, n_test, kb)
+    return load_local(dataset, raw, strategyqa_test_size=n_test), render
+
+
+def _knowledge_base(root: Path) -> list[toy_strategyqa.Creature]:
+    rows = json.loads((root / "raw" / "strategyqa" / "knowledge_base.json").read_text())
+    return [toy_strategyqa.Creature(**row) for row in rows]
+
+
+def _drawn_train(
+    root: Path, dataset: str, seed: int, draw: int, n_train: int, n_test: int, max_ops: int | None, small: bool
+) -> tuple[list[Record], list[Record], Renderer, Renderer]:
+    """A grid seed's own training questions beside the world's test set: (train, test, the train
+    renderer, the test renderer). The test questions and StrategyQA's knowledge base are the
+    world's (seed `seed`); the training questions and the experts' wording are drawn from streams
+    of their own (`draw`), never repeating a test question. Twice the draw's usual size is drawn
+    and the first n_train that are not test questions are kept."""
+    with tempfile.TemporaryDirectory() as folder:
+        world, world_render = _generate(Path(folder), dataset, str(seed), n_train, n_test, max_ops, small)
+        kb = _knowledge_base(Path(folder)) if dataset == "strategyqa" else None
+    test = [r for r in world if r.split == "test"]
+    held_out = {r.question for r in test}
+    drawn, render = _generate(root, dataset, f"{seed}-draw{draw}", n_train + n_test, n_test, max_ops, small, kb)
+    train = [r for r in drawn if r.split == "train" and r.question not in held_out][:n_train]
+    if len(train) < n_train:
+        raise DataError(
+            f"toy {dataset}: only {len(train)} training questions outside the test set, {n_train} asked for",
+            None, None, f"toy.sizes.{dataset}",
+        )  # fmt: skip
+    if kb is not None:  # the world's creatures (the draw wrote the same ones): pretraining reads them
+        atomic_write_json(root / "raw" / "strategyqa" / "knowledge_base.json", [vars(c) for c in kb])
+    return train, test, render, world_render
+
+
 def build_dataset(
     root: str | Path,
     dataset: str,
@@ -94,22 +156,27 @@ def build_dataset(
     n_experts: int = 3,
     gsm8k_max_ops: int | None = None,
     mathqa_small: bool = False,
+    draw: int | None = None,
 ) -> dict[str, Any]:
-    """Generate one toy data set and its expert trajectories; returns a small summary."""
+    """Generate one toy data set and its expert trajectories; returns a small summary. With `draw`
+    (grid.seeds_vary: data) the training questions and trajectories are that draw's own and the
+    test questions the world's (see _drawn_train)."""
     root = Path(root)
-    rng = random.Random(f"toy-{seed}-{dataset}")
-    style_rng = random.Random(f"toy-{seed}-{dataset}-styles")
-    raw = root / "raw" / dataset
-    if dataset == "gsm8k":
-        render = _write_gsm8k(raw, rng, style_rng, n_train, n_test, gsm8k_max_ops)
-    elif dataset == "mathqa":
-        render = _write_mathqa(raw, rng, style_rng, n_train, n_test, mathqa_small)
+    if draw is None:
+        records, render = _generate(root, dataset, str(seed), n_train, n_test, gsm8k_max_ops, mathqa_small)
+        train = [r for r in records if r.split == "train"]
+        test = [r for r in records if r.split == "test"]
     else:
-        render = WRITERS[dataset](raw, rng, style_rng, n_train, n_test)
-    records = load_local(dataset, raw, strategyqa_test_size=n_test)
+        train, test, render, test_render = _drawn_train(
+            root, dataset, seed, draw, n_train, n_test, gsm8k_max_ops, mathqa_small
+        )
+        records = train + test
+        train_render = render
+
+        def render(record: Record) -> tuple[str, str, int]:
+            return (train_render if record.split == "train" else test_render)(record)
+
     data = root / "data" / dataset
-    train = [r for r in records if r.split == "train"]
-    test = [r for r in records if r.split == "test"]
     write_records(data / "train.jsonl", train)
     write_records(data / "test.jsonl", test)
     difficulty: dict[str, int] = {}
@@ -143,9 +210,13 @@ def build_world(
     n_experts: int = 3,
     gsm8k_max_ops: int | None = None,
     mathqa_small: bool = False,
+    draw: int | None = None,
+    drawn: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
+    """Every data set of `sizes`; with `draw`, the data sets in `drawn` get that draw's own
+    training questions (a grid seed's world: build_dataset), the others are the world's."""
     return [
-        build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small)
+        build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small, draw if ds in drawn else None)
         for ds in DATASETS
         if ds in sizes
     ]
