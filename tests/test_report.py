@@ -319,12 +319,16 @@ def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
     mean, (lo, hi) = float(one[0]), (float(v) for v in one[1].split("]")[0].split(", "))
     row = _row(table, "IML adds to HSFT (the full method)")
     assert row[1] == row[3] and row[-1] == "yes"  # both runs: the same difference [CI]
+    # between runs: z 0, no heterogeneity, each interval covers the other's estimate
+    assert row[7:11] == ["+0.0", "0.0", "0", "2 of 2"]
     pooled_mean = float(row[5].split(" [")[0])
     assert pooled_mean == mean == 15.0
     # pooled: the same mean, standard error / sqrt(2), so a narrower interval (Satterthwaite df doubles)
     p_lo, p_hi = (float(v) for v in row[5].split(" [")[1].rstrip("]").split(", "))
     assert p_hi - p_lo < hi - lo
     assert "Replication (2 independent runs: `t`, `t2`" in index and "9 of 9 claims get the same verdict" in index
+    assert "covers the other run's estimate in 18 of 18 (claim, run) pairs" in index
+    assert "sum of z^2 0.0 over 9 claims" in index and "heterogeneity between runs" in index
     assert any(
         x.startswith("| claim | run `t` difference [95% CI] | run `t` verdict | run `t2` difference")
         for x in table.splitlines()

@@ -1,11 +1,14 @@
 """A study and its replications: the same grid run again from another base seed (`seed`: other toy
 data, other pretrained and SFT models, other RL) in a folder of its own, compared claim by claim,
-and the runs pooled.
+and the runs pooled with a random effect for the run.
 
 Why: a result counts when a second independent run agrees. Each run is decided on its own page
-(Holm over its own tests, as its own report does); the pooled estimate is the mean of the runs'
-estimates with their variances added (independent runs: stats.average), decided with
-Holm over the pooled page. Two runs that disagree where both intervals are narrow point at
+(Holm over its own tests, as its own report does); the pooled estimate combines the runs with
+a random effect for the run (stats.random_effects: DerSimonian and Laird), so that a spread between
+runs beyond their own intervals widens the pooled interval instead of being averaged away; it is
+decided with Holm over the pooled page. The table gives, per claim, the z of the two runs'
+difference, the between-run sd tau and I2, and how often each run's interval covers the other's
+estimate. Two runs that disagree where both intervals are narrow point at
 something the intervals leave out; that is the question the table is for.
 
 `report.replicates` names the other runs' profiles; their results must already be on disk
@@ -42,15 +45,30 @@ def run_folders(cfg: dict[str, Any], root: Path) -> list[tuple[str, Path]]:
     return folders
 
 
-def _pooled(summary: Summary, runs: list[Comparison], measure: str, chance: float) -> Comparison:
+def _pooled(summary: Summary, runs: list[Comparison], measure: str, chance: float) -> tuple[Comparison, stats.Pooled]:
+    """The runs' comparisons pooled with a random effect for the run (stats.random_effects)."""
     first = runs[0]
-    pooled = Comparison(
-        first.text, first.a, first.b, first.claim, first.table,
-        stats.average([c.estimate for c in runs]),
-        (stats.average([c.sides[0] for c in runs]), stats.average([c.sides[1] for c in runs])),
-    )  # fmt: skip
+    combined = stats.random_effects([c.estimate for c in runs])
+    sides = tuple(stats.random_effects([c.sides[i] for c in runs]).estimate for i in (0, 1))
+    pooled = Comparison(first.text, first.a, first.b, first.claim, first.table, combined.estimate, sides)  # type: ignore[arg-type]
     pooled.no_verdict = summary._no_verdict(pooled, chance, measure)
-    return pooled
+    return pooled, combined
+
+
+def covered_pairs(runs: list[Comparison], level: float) -> tuple[int, int]:
+    """(pairs whose interval covers the other run's estimate, pairs): every run's interval against
+    every other run's estimate. Right intervals cover a replica's estimate about 83% of the time
+    (two runs of equal error differ by sqrt(2) standard errors)."""
+    covered = pairs = 0
+    for i, own in enumerate(runs):
+        if not own.estimate.has_interval:
+            continue
+        lo, hi = own.estimate.interval(level)
+        for j, other in enumerate(runs):
+            if i != j:
+                pairs += 1
+                covered += lo <= other.estimate.mean <= hi
+    return covered, pairs
 
 
 def _cell(c: Comparison, level: float) -> str:
@@ -75,41 +93,71 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
         comparisons = [summary.compare(e) for _, e in entries]
         decide(comparisons, summary.settings)
         per_run.append(comparisons)
-    pooled = []
+    pooled, combined = [], []
     for i, (_, entry) in enumerate(entries):
         measure = entry.get("measure", "accuracy")
         chance = 0.0 if measure == "final_reward" else _chance(summaries[0], entry)
-        pooled.append(_pooled(summaries[0], [run[i] for run in per_run], measure, chance))
+        comparison, pool = _pooled(summaries[0], [run[i] for run in per_run], measure, chance)
+        pooled.append(comparison)
+        combined.append(pool)
     decide(pooled, summaries[0].settings)
     level = summaries[0].settings["level"]
     names = [name for name, _ in folders]
+    between = ["z of the difference"] if len(names) == 2 else []
     table = Table(
         "replication",
         f"Replication: each claim in {len(names)} independent runs (other base seed: other data, models and RL) "
-        "and pooled",
+        "and pooled with a random effect for the run",
         ["claim"],
         [
             *((f"run `{n}`", ["difference [95% CI]", "verdict"]) for n in names),
             ("pooled", ["difference [95% CI]", "verdict"]),
-            ("", ["runs agree"]),
+            ("between runs", [*between, "tau", "I2 %", "covers", "runs agree"]),
         ],
     )
-    agree = 0
+    agree = covered = pairs = 0
     for i, (_, entry) in enumerate(entries):
-        words = [_word(run[i]) for run in per_run]
+        runs = [run[i] for run in per_run]
+        words = [_word(c) for c in runs]
         same = len(set(words)) == 1
         agree += same
-        cells = [x for run in per_run for x in (_cell(run[i], level), _word(run[i]))]
-        table.add([entry["text"]], [*cells, _cell(pooled[i], level), _word(pooled[i]), "yes" if same else "no"])
-    table.notes.append(
-        "Each run decided on its own page (Holm over its own tests); pooled: the runs' estimates averaged, their "
-        "variances added (independent runs), Holm over the pooled page. A run's seeds retrain "
-        f"{', '.join(cfg['grid']['seeds_vary'])}."
+        hits, n = covered_pairs(runs, level)
+        covered, pairs = covered + hits, pairs + n
+        z = [f"{stats.difference_z(runs[0].estimate, runs[1].estimate):+.1f}"] if between else []
+        pool = combined[i]
+        cells = [x for c in runs for x in (_cell(c, level), _word(c))]
+        table.add(
+            [entry["text"]],
+            [*cells, _cell(pooled[i], level), _word(pooled[i]), *z, f"{pool.tau:.1f}", f"{100 * pool.i2:.0f}",
+             f"{hits} of {n}", "yes" if same else "no"],
+        )  # fmt: skip
+    z2 = (
+        sum(stats.difference_z(a.estimate, b.estimate) ** 2 for a, b in zip(*per_run[:2], strict=True))
+        if between
+        else 0
     )
+    table.notes += [
+        "Each run decided on its own page (Holm over its own tests). Pooled: DerSimonian-Laird random effects "
+        "(tau: the between-run sd beyond the runs' own errors; I2: its share of the spread between runs), "
+        "Satterthwaite df, Holm over the pooled page; with two runs tau rests on one degree of freedom, so where "
+        "it is above 0 the pooled interval is wide. covers: the runs' intervals that hold the other run's "
+        "estimate (about 83% expected when the intervals are right). A run's seeds retrain "
+        f"{', '.join(cfg['grid']['seeds_vary'])}.",
+    ]
+    if between:
+        table.notes.append(
+            "z of the difference: (run 1 - run 2) / sqrt(se1^2 + se2^2); about N(0, 1) when each interval covers "
+            "what a replication draws."
+        )
+    heterogeneous = sum(p.p_heterogeneity < 1 - level for p in combined)
     lines = [
         "",
         f"Replication ({len(names)} independent runs: {', '.join(f'`{n}`' for n in names)}; the replication table): "
-        f"{agree} of {len(entries)} claims get the same verdict in every run. Pooled:",
+        f"{agree} of {len(entries)} claims get the same verdict in every run; each run's interval covers the other "
+        f"run's estimate in {covered} of {pairs} (claim, run) pairs (about 83% expected);"
+        + (f" sum of z^2 {z2:.1f} over {len(entries)} claims;" if between else "")
+        + f" heterogeneity between runs (Cochran's Q, p < {1 - level:.2f}) in {heterogeneous} of {len(entries)} "
+        "claims. Pooled with a random effect for the run:",
         *(f"- {c.text}: {_cell(c, level)}, **{c.verdict}**." for c in pooled),
     ]
     return table, lines

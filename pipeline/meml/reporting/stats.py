@@ -188,6 +188,67 @@ def joint_average(matrices: Sequence[np.ndarray]) -> Estimate:
     return Estimate(float(per_seed.mean()), math.sqrt(max(total, 0.0)), _satterthwaite(parts))
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """Independent runs of one study combined with a random effect for the run (DerSimonian and
+    Laird): `estimate` the pooled mean with its standard error and degrees of freedom; `tau` the
+    between-run standard deviation beyond what each run's own interval allows (0 when the runs agree
+    within their errors); `q` Cochran's heterogeneity statistic on runs - 1 df, `p_heterogeneity`
+    its p-value, `i2` the share of the spread between runs that is heterogeneity."""
+
+    estimate: Estimate
+    tau: float
+    q: float
+    p_heterogeneity: float
+    i2: float
+
+
+def random_effects(estimates: Sequence[Estimate]) -> Pooled:
+    """Pool K independent runs' estimates y_i (standard errors s_i):
+
+        w_i = 1 / s_i^2,  Q = sum w_i (y_i - y_w)^2,  tau^2 = max(0, (Q - (K - 1)) / (sum w - sum w^2 / sum w))
+        w*_i = 1 / (s_i^2 + tau^2),  mean = sum w*_i y_i / sum w*_i,  Var(mean) = 1 / sum w*_i
+
+    Degrees of freedom by Satterthwaite over the parts of Var(mean): each run's own variance with
+    its df, and tau^2 with K - 1. At two runs tau^2 rests on one degree of freedom: it is 0 unless
+    the runs differ by more than their own errors (Q > 1), and when it is not its single df makes
+    the pooled interval wide (t quantile 12.7 at 95%). That is the honest price of two runs: the
+    pooled interval can only be as sure of the between-run spread as two draws allow."""
+    if not estimates:
+        raise ValueError("nothing to pool")
+    k = len(estimates)
+    if k == 1:
+        return Pooled(estimates[0], 0.0, 0.0, 1.0, 0.0)
+    means = [e.mean for e in estimates]
+    if not all(e.has_interval for e in estimates):
+        return Pooled(Estimate(sum(means) / k, math.nan, 0.0), math.nan, math.nan, math.nan, math.nan)
+    if any(e.se == 0 for e in estimates):  # a run without error (a deterministic measure): no weights
+        return Pooled(average(estimates), math.nan, math.nan, math.nan, math.nan)
+    w = [1 / e.se**2 for e in estimates]
+    fixed = sum(wi * y for wi, y in zip(w, means, strict=True)) / sum(w)
+    q = sum(wi * (y - fixed) ** 2 for wi, y in zip(w, means, strict=True))
+    tau2 = max(0.0, (q - (k - 1)) / (sum(w) - sum(wi * wi for wi in w) / sum(w)))
+    w_star = [1 / (e.se**2 + tau2) for e in estimates]
+    total = sum(w_star)
+    mean = sum(wi * y for wi, y in zip(w_star, means, strict=True)) / total
+    shares = [wi / total for wi in w_star]  # Var(mean) = sum shares^2 (s_i^2 + tau^2) = 1 / sum w*
+    parts = [(a * a * e.se**2, e.df) for a, e in zip(shares, estimates, strict=True)]
+    if tau2 > 0:
+        parts.append((sum(a * a for a in shares) * tau2, float(k - 1)))
+    estimate = Estimate(mean, math.sqrt(1 / total), _satterthwaite(parts))
+    i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
+    return Pooled(estimate, math.sqrt(tau2), q, float(sps.chi2.sf(q, k - 1)), i2)
+
+
+def difference_z(a: Estimate, b: Estimate) -> float:
+    """The z of two independent runs' difference: (a - b) / sqrt(se_a^2 + se_b^2) (with no error at
+    all: 0 for equal means, infinite otherwise)."""
+    scale = math.sqrt(a.se**2 + b.se**2)
+    if scale == 0:
+        return 0.0 if a.mean == b.mean else math.copysign(math.inf, a.mean - b.mean)
+    return (a.mean - b.mean) / scale
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order (family-wise error at any level)."""
     m = len(p_values)
