@@ -215,3 +215,12 @@ def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: lis
     with pytest.raises(DataError, match="seeds_vary") as err:
         grid.check(_chain(vary), 3)
     assert err.value.field == "grid.seeds_vary"
+
+
+def test_keeping_checkpoints_is_no_part_of_a_cell() -> None:
+    kept = load_config(None, {"rl.keep_checkpoints": True})
+    dropped = load_config(None, {"rl.keep_checkpoints": False})
+    cell = grid.cells(kept)[0]
+    assert grid.cell_params(kept, cell) == grid.cell_params(dropped, cell)
+    assert "keep_checkpoints" not in grid.cell_params(kept, cell)["rl"]
+    assert load_config(PROJECT / "config" / "paper.yaml")["rl"]["keep_checkpoints"] is False

@@ -61,6 +61,25 @@ def test_a_forced_rerun_trains_again(small_world: Path, base_model: Path, tmp_pa
     assert (next((tmp_path / "previous").iterdir()) / "metrics.jsonl").is_file()
 
 
+def test_without_kept_checkpoints_a_finished_cell_keeps_its_model_and_a_forced_rerun_trains_again(
+    small_world: Path, base_model: Path, tmp_path: Path
+) -> None:
+    kept = tmp_path / "kept"
+    _run(small_world, base_model, kept)
+    _run(small_world, base_model, tmp_path / "run", keep_checkpoints=False)
+    run = tmp_path / "run"
+    assert (kept / "checkpoints").is_dir() and not (run / "checkpoints").exists()
+    assert (run / "DONE").is_file() and (run / "model/config.json").is_file()
+    assert checkpoint.newest_marked(kept / "checkpoints") is not None
+    # the same model either way: the switch removes files, it changes no result
+    assert (run / "model/model.safetensors").read_bytes() == (kept / "model/model.safetensors").read_bytes()
+    (run / "DONE").unlink()  # snakemake --forcerun: no checkpoint says the run had finished, its model does
+    _run(small_world, base_model, run, keep_checkpoints=False)
+    assert len(read_metrics(run / "metrics.jsonl")) == 2
+    [aside] = (run / "previous").iterdir()
+    assert (aside / "model/config.json").is_file() and (aside / "metrics.jsonl").is_file()
+
+
 HOLD = (  # a process that holds a run folder's lock for a minute
     "from meml.core.io import run_lock\nimport time\nwith run_lock({folder!r}):\n"
     "    print('held', flush=True); time.sleep(60)"

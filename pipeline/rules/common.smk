@@ -83,13 +83,14 @@ def launcher(job):
     )
 
 
-def cli_config(*sections, only=None, shown=False):
+def cli_config(*sections, only=None, shown=False, checkpoints=False):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
     so editing one method or one teacher reruns only its jobs. A model's published figures and
     `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
-    (turning eval.base on adds the base evaluations, nothing else)."""
+    (turning eval.base on adds the base evaluations, nothing else). `rl.keep_checkpoints` reaches the
+    RL job alone (`checkpoints`), and only when false: its arrival (default true) reran nothing."""
     chosen = {key: config[key] for key in sections}
     for section, keys in (only or {}).items():
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
@@ -99,6 +100,8 @@ def cli_config(*sections, only=None, shown=False):
         chosen["models"] = {name: grid.model_values(entry) for name, entry in chosen["models"].items()}
     if "eval" in chosen and not shown:
         chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
+    if "rl" in chosen and (not checkpoints or chosen["rl"].get("keep_checkpoints", True)):
+        chosen["rl"] = {k: v for k, v in chosen["rl"].items() if k != "keep_checkpoints"}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 

@@ -245,7 +245,8 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         # where the seed retrains SFT (and pretraining), the seed of those stages: another model
         **({"seeds_vary": cfg["grid"]["seeds_vary"]} if varies(cfg, "sft") else {}),
-        "rl": method_rl(cfg, cell.method, cell.dataset),
+        # whether the last checkpoint is kept changes no result
+        "rl": {k: v for k, v in method_rl(cfg, cell.method, cell.dataset).items() if k != "keep_checkpoints"},
         "sft": cfg["sft"],
         "reward": cfg["reward"],
         "prompts": cfg["experts"].get("prompts"),

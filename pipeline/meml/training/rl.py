@@ -191,4 +191,4 @@ def run_rl(
                 tracker.close("KILLED")
             raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
 
-    return rl_run.finish(run, out, method.name, precision, dist, tracker, environment)
+    return rl_run.finish(run, out, method.name, precision, dist, tracker, environment, s.keep_checkpoints)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -116,8 +117,11 @@ def start(
         newest = checkpoint.newest_marked(out / "checkpoints")  # no checksum needed to read its step
         if not same_params(out, params):
             move_aside(out, "the cell's values changed", mlflow_settings)
-        elif newest is not None and checkpoint.step_of(newest) >= steps and not (out / "DONE").is_file():
-            # a finished run whose DONE was removed (snakemake --forcerun): train it again
+        elif not (out / "DONE").is_file() and (
+            (newest is not None and checkpoint.step_of(newest) >= steps) or (out / "model").exists()
+        ):
+            # a finished run whose DONE was removed (snakemake --forcerun): train it again (its final
+            # model tells it apart where rl.keep_checkpoints: false removed its last checkpoint)
             move_aside(out, "its DONE marker was removed (a forced rerun)", mlflow_settings)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "cell.json", params or {})
@@ -178,8 +182,10 @@ def finish(
     dist: Dist,
     tracker: Tracker | None,
     environment: dict[str, Any],
+    keep_checkpoints: bool = True,
 ) -> dict[str, Any]:
-    """The final model and the run's summary in DONE, written last."""
+    """The final model and the run's summary in DONE, written last; then, with keep_checkpoints
+    false, the checkpoints go (removed after DONE: a crash in between leaves them, harmlessly)."""
     if dist.is_main:
         from meml.data.tiny_models import save_atomically
 
@@ -202,6 +208,8 @@ def finish(
         tracker.log_artifact(out / "cell.json")  # the values that define the cell
         tracker.close()
         atomic_write_json(out / "DONE", summary)
+        if not keep_checkpoints:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
     dist.barrier()
     return dict(json.loads((out / "DONE").read_text()))
 

@@ -43,6 +43,7 @@ class RLSettings:
     lambda_iml: float
     lambda_sft: float
     checkpoint_every: int
+    keep_checkpoints: bool  # False: the last checkpoint goes once DONE is written
     rollout_batch_size: int
     engine: str
     buffer: BufferSettings
@@ -77,6 +78,9 @@ class RLSettings:
             lambda_iml=get(rl, "lambda_iml", float),
             lambda_sft=get(rl, "lambda_sft", float),
             checkpoint_every=get(rl, "checkpoint_every", int),
+            # absent from a job's config when true (the default): cli_config leaves it out, so that
+            # the key's arrival reran no finished cell
+            keep_checkpoints=bool(rl.get("keep_checkpoints", True)),
             rollout_batch_size=get(rl, "rollout_batch_size", int),
             engine=get(rl, "engine", str),
             buffer=BufferSettings(
