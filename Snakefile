@@ -2,6 +2,7 @@
 # `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage
 # (common.smk: what they share):
 #   tracking, data -> experts -> models -> sft -> calibration -> rl -> eval -> analysis -> report
+import collections
 from pathlib import Path
 
 from snakemake.utils import min_version
@@ -35,7 +36,8 @@ _WORKER = {}
 
 onstart:
     Path(RESULTS).mkdir(parents=True, exist_ok=True)
-    PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag)}))
+    rules = collections.Counter(job.rule.name for job in workflow.dag.needrun_jobs())
+    PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag), "rules": rules}))
     # Not on a cluster (--executor slurm): jobs run on other nodes, which cannot reach this
     # machine's socket, and on this one the worker would run them outside the scheduler's control.
     # They start as fresh processes there (`meml.run` falls back when MEML_WORKER is unset).

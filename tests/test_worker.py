@@ -51,22 +51,36 @@ def test_progress_line_counts_jobs_and_estimates_time_left(tmp_path: Path, monke
     import json
     import time
 
-    from meml.progress import line
+    from meml.progress import finished_jobs, line, time_left
 
     monkeypatch.chdir(tmp_path)
-    start = time.time() - 60  # a minute ago
-    (tmp_path / "state.json").write_text(json.dumps({"start": start, "total": 10}))
+    now = time.time()
+    start = now - 80
+    rules = {"tiny_model": 2, "rl": 4, "evaluate": 4}
+    (tmp_path / "state.json").write_text(json.dumps({"start": start, "total": 10, "rules": rules}))
     metadata = tmp_path / ".snakemake/metadata"
     metadata.mkdir(parents=True)
-    records = [(1, start - 5), (2, start + 10), (3, start + 20), (3, start + 20), (4, start + 30)]
-    for i, (job, end) in enumerate(records):  # job 1 is an older run's; job 3 wrote two outputs
-        (metadata / f"out{i}").write_text(json.dumps({"job_hash": job, "endtime": end}))
+    records = [  # (job, rule, start, end): job 1 is an older run's; job 3 wrote two outputs
+        (1, "rl", start - 50, start - 5),
+        (2, "tiny_model", start, start + 30),
+        (3, "tiny_model", start + 30, start + 60),
+        (3, "tiny_model", start + 30, start + 60),
+        (4, "rl", start + 60, start + 70),
+        (5, "rl", start + 70, start + 80),
+    ]
+    for i, (job, rule, begin, end) in enumerate(records):
+        (metadata / f"out{i}").write_text(
+            json.dumps({"job_hash": job, "rule": rule, "starttime": begin, "endtime": end})
+        )
     cell = tmp_path / "results/t/eval/qwen2/gsm8k/MEML-GRPO/seed0.json"
     cell.parent.mkdir(parents=True)
     cell.write_text(json.dumps({"model": {"experts": {"e1": {"lenient": 0.125}}}}))
-    # 3 jobs of this run + this cell = 4 of 10 in 60 s: 15 s a job, 6 left, about 1.5 min
-    text = line(cell, tmp_path / "state.json")
-    assert text.startswith("[meml] 4/10 jobs, about 2 min left")
+    # by hand: 80 job-seconds in 80 s (concurrency 1); left: 2 rl jobs at their 10 s, and 4
+    # evaluations at the mean of all finished jobs (80 / 4 = 20 s): 100 s, about 2 min
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert time_left(state, finished_jobs(metadata, start), now) == pytest.approx(100.0)
+    text = line(cell, tmp_path / "state.json", now=now)
+    assert text.startswith("[meml] 5/10 jobs, about 2 min left")
     assert "qwen2/gsm8k/MEML-GRPO/seed0: expert 1 12.5%" in text
 
 
