@@ -62,7 +62,11 @@ def stop_worker():
 
 onsuccess:
     stop_worker()
+    from meml.reporting import run_record  # noqa: E402
     from meml.reporting.finish import message  # noqa: E402
+
+    if not workflow.dryrun:  # the run's own facts: report/<profile>/run.json
+        run_record.write(config, PROGRESS_STATE, Path(REPORT))
 
     print(message(config), file=sys.stderr)
 

@@ -20,21 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def finished_jobs(metadata: Path, since: float) -> dict[str, tuple[str, float]]:
-    """job hash -> (rule, seconds) of the jobs Snakemake recorded as ended since `since` (one record
-    per output file: a job with several outputs is counted once)."""
-    jobs: dict[str, tuple[str, float]] = {}
-    if metadata.is_dir():
-        for path in metadata.iterdir():
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            end, begin = record.get("endtime") or 0, record.get("starttime") or 0
-            if end >= since:
-                jobs[record.get("job_hash", path.name)] = (str(record.get("rule")), max(end - begin, 0.0))
-    return jobs
+from meml.core.job_log import finished_jobs
 
 
 def time_left(state: dict[str, Any], finished: dict[str, tuple[str, float]], now: float) -> float:
