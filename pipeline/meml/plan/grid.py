@@ -271,11 +271,11 @@ def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
     """Checks across keys that the JSON schema cannot express; each error names its key."""
     vary = cfg["grid"]["seeds_vary"]
-    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary) or ("data" in vary and "pretrain" not in vary):
+    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary) or ("data" in vary and "sft" not in vary):
         raise DataError(
             f"seeds_vary {vary}: a seed always retrains RL, a seed that retrains pretraining retrains SFT "
-            "from it, and a seed that redraws the data retrains everything on them; use [rl], [sft, rl], "
-            "[pretrain, sft, rl] or [data, pretrain, sft, rl]",
+            "from it, and a seed that redraws the data retrains SFT and RL on them; use [rl], [sft, rl], "
+            "[pretrain, sft, rl], [data, sft, rl] or [data, pretrain, sft, rl]",
             None,
             None,
             "grid.seeds_vary",

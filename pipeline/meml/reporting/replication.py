@@ -25,7 +25,7 @@ from typing import Any
 from meml.core.io import DataError
 from meml.reporting import stats
 from meml.reporting.results import Results
-from meml.reporting.summary import Comparison, Summary, decide, load_claims
+from meml.reporting.summary import Comparison, Summary, as_record, decide, load_claims
 from meml.reporting.tables import Table
 
 
@@ -33,6 +33,8 @@ def run_folders(cfg: dict[str, Any], root: Path) -> list[tuple[str, Path]]:
     """(profile, results folder) of this run and of each replicate, beside it."""
     folders = [(cfg["profile"], root)]
     for name in cfg["report"]["replicates"]:
+        if name == cfg["profile"]:  # the study's list names every run, this one too
+            continue
         folder = root.parent / name
         if not folder.is_dir():
             raise DataError(
@@ -83,8 +85,9 @@ def _word(c: Comparison) -> str:
     return c.verdict.split(" (")[0]  # "inconclusive (this design detects ...)" -> "inconclusive"
 
 
-def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> tuple[Table, list[str]]:
-    """The replication table and the index's lines: every claim in each run, then pooled."""
+def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> tuple[Table, list[str], dict[str, Any]]:
+    """The replication table, the index's lines, and the record for claims.json: every claim in
+    each run, then pooled."""
     folders = run_folders(cfg, root)
     summaries = [Summary(cfg, Results(cfg, folder), reference) for _, folder in folders]
     entries = summaries[0].entries(load_claims(cfg["report"]["claims"]))
@@ -160,7 +163,17 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
         "claims. Pooled with a random effect for the run:",
         *(f"- {c.text}: {_cell(c, level)}, **{c.verdict}**." for c in pooled),
     ]
-    return table, lines
+    record = {
+        "runs": names,
+        "covered": covered,
+        "pairs": pairs,
+        "pooled": [
+            {**as_record(c, level), "tau": pool.tau, "i2": pool.i2, "p_heterogeneity": pool.p_heterogeneity,
+             "z": stats.difference_z(runs_i[0].estimate, runs_i[1].estimate) if between else None}
+            for c, pool, runs_i in zip(pooled, combined, zip(*per_run, strict=True), strict=True)
+        ],
+    }  # fmt: skip
+    return table, lines, record
 
 
 def _chance(summary: Summary, entry: dict[str, Any]) -> float:

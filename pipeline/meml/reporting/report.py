@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from meml.core.io import DataError, atomic_write_text
+from meml.core.io import DataError, atomic_write_json, atomic_write_text
 from meml.data.experts import prompts_of
 from meml.plan import grid
 from meml.plan.layout import Layout
@@ -70,10 +70,13 @@ def build(
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     replication_lines: list[str] = []
-    if cfg["report"]["replicates"]:
+    _, _, comparisons = summary.decided(cfg, results, reference)
+    level = cfg["report"]["stats"]["level"]
+    claims: dict[str, Any] = {"profile": cfg["profile"], "claims": [summary.as_record(c, level) for c in comparisons]}
+    if set(cfg["report"]["replicates"]) - {cfg["profile"]}:
         from meml.reporting.replication import replication
 
-        table, replication_lines = replication(cfg, root, reference)
+        table, replication_lines, claims["replication"] = replication(cfg, root, reference)
         tables.append(table)
     if cfg["report"]["stages"]:
         from meml.reporting.stages import stages_table
@@ -88,6 +91,8 @@ def build(
             path = tables_dir / f"{table.name}.{ext}"
             atomic_write_text(path, render(table))
             written.append(path)
+    atomic_write_json(tables_dir / "claims.json", claims)  # what the README's reproduction table reads
+    written.append(tables_dir / "claims.json")
     written += reward_curves(cfg, results, figures_dir)
     written += sparsity_dashboard(cfg, results, figures_dir)
     for model in grid.complementarity_models(cfg):

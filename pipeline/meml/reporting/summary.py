@@ -216,13 +216,32 @@ def decide(comparisons: list[Comparison], settings: dict[str, Any]) -> None:
             c.verdict = f"no verdict ({c.no_verdict})"
 
 
-def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[str, Any]) -> list[str]:
-    """Markdown lines: how to read the verdicts, the claims, the regime, the open questions."""
+def decided(
+    cfg: dict[str, Any], results: Results, reference: dict[str, Any]
+) -> tuple[Summary, list[tuple[str, dict[str, Any]]], list[Comparison]]:
+    """The run's claims and questions, compared and decided (Holm over the page)."""
     summary = Summary(cfg, results, reference)
-    claims = load_claims(cfg["report"]["claims"])
-    entries = summary.entries(claims)
+    entries = summary.entries(load_claims(cfg["report"]["claims"]))
     comparisons = [summary.compare(e) for _, e in entries]
     decide(comparisons, summary.settings)
+    return summary, entries, comparisons
+
+
+def as_record(c: Comparison, level: float) -> dict[str, Any]:
+    """One decided comparison as the report's claims.json holds it (what the README's table reads)."""
+    est = c.estimate
+    low, high = est.interval(level) if est.has_interval else (None, None)
+    return {
+        "text": c.text, "a": c.a, "b": c.b, "table": c.table, "paper": c.paper,
+        "a_mean": c.sides[0].mean, "b_mean": c.sides[1].mean,
+        "difference": est.mean, "low": low, "high": high, "level": level,
+        "p_adjusted": c.p_adjusted, "verdict": c.verdict,
+    }  # fmt: skip
+
+
+def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[str, Any]) -> list[str]:
+    """Markdown lines: how to read the verdicts, the claims, the regime, the open questions."""
+    summary, entries, comparisons = decided(cfg, results, reference)
     s = summary.settings
     tests = sum(c.p_adjusted is not None for c in comparisons)
     models, datasets = grid.models(cfg), cfg["grid"]["datasets"]

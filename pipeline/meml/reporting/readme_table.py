@@ -1,0 +1,106 @@
+"""The README's reproduction table, rendered from the committed study reports: claim | paper | ours
+(pooled over the study's independent runs, with its interval) | verdict | recipe | command | time on
+2 cores. Nothing in it is typed by hand: the claims and their intervals come from the study report's
+tables/claims.json, the time from each run's run.json.
+
+    python -m meml.reporting.readme_table            print the table
+    python -m meml.reporting.readme_table --write    put it into README.md between its markers
+
+tests/test_readme.py fails when README.md's copy differs from what this renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from meml.core.config import PROJECT_ROOT
+from meml.core.io import DataError, atomic_write_text, read_json
+
+STUDY = "toy-study"  # the committed study whose pooled claims the README shows
+RECIPE = "config/toy-study.yaml"
+COMMAND = "`make study`"
+BEGIN = "<!-- reproduction table: python -m meml.reporting.readme_table --write -->"
+END = "<!-- end of the reproduction table -->"
+
+
+def _paper(text: str) -> str:
+    """'paper: 69.0 vs 63.4, +5.6' -> '+5.6' (the paper's own difference), else a dash."""
+    match = re.search(r", ([+-][0-9.]+)$", text)
+    return match.group(1) if match else "–"
+
+
+def _ours(claim: dict[str, Any]) -> str:
+    if claim["low"] is None:
+        return f"{claim['difference']:+.1f}"
+    return f"{claim['difference']:+.1f} [{claim['low']:+.1f}, {claim['high']:+.1f}]"
+
+
+def render(example: Path = PROJECT_ROOT / "report" / "example") -> str:
+    """The table's Markdown, from example/<STUDY>/tables/claims.json and each run's run.json."""
+    claims_file = example / STUDY / "tables" / "claims.json"
+    if not claims_file.is_file():
+        raise DataError("the study report has no claims.json (rebuild it with the report rule)", claims_file)
+    claims = read_json(claims_file)
+    replication = claims.get("replication")
+    if not replication:
+        raise DataError("the study report pools no replicate (report.replicates)", claims_file)
+    runs = replication["runs"]
+    minutes = []
+    for profile in runs:
+        record = example / profile / "run.json"
+        if not record.is_file():
+            raise DataError("a study run has no run record", record)
+        minutes.append(read_json(record)["wall_seconds"] / 60)
+    time = " + ".join(f"{m:.0f}" for m in minutes) + f" min ({len(runs)} runs)"
+    level = round(100 * replication["pooled"][0]["level"])
+    lines = [
+        f"| claim | paper | ours, pooled [{level}% CI] | verdict | recipe | command | time on 2 cores |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, claim in enumerate(replication["pooled"]):
+        where = (f"`{RECIPE}`", COMMAND, time) if i == 0 else ("″", "″", "″")
+        verdict = claim["verdict"].split(" (")[0]
+        lines.append(
+            f"| {claim['text']} | {_paper(claim['paper'])} | {_ours(claim)} | {verdict} | {' | '.join(where)} |"
+        )
+    runs_text = " and ".join(f"`report/example/{p}/`" for p in runs)
+    lines += [
+        "",
+        f"Differences in accuracy points (toy world, qwen2 on toy GSM8K and StrategyQA, 5 seeds a run), pooled "
+        f"over {runs_text} with a random effect for the run; each run's interval covers the other run's estimate "
+        f"in {replication['covered']} of {replication['pairs']} (claim, run) pairs. Paper: its own difference "
+        "where it reports both methods.",
+    ]
+    return "\n".join(lines)
+
+
+def write(readme: Path = PROJECT_ROOT / "README.md") -> bool:
+    """Replace the table between the README's markers; True when it changed."""
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise DataError(f"README has no reproduction table markers ({BEGIN} ... {END})", readme)
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{BEGIN}\n{render()}\n{END}{tail}"
+    if new != text:
+        atomic_write_text(readme, new)
+    return new != text
+
+
+def readme_copy(readme: Path = PROJECT_ROOT / "README.md") -> str:
+    """The table as the README holds it now (between the markers)."""
+    text = readme.read_text()
+    return text.partition(BEGIN)[2].partition(END)[0].strip("\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="put the table into README.md")
+    args = parser.parse_args()
+    if args.write:
+        print("README.md updated" if write() else "README.md already up to date")
+    else:
+        print(render())
