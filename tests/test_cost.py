@@ -11,7 +11,7 @@ import pytest
 from conftest import PROJECT
 
 from meml.core.config import load_config
-from meml.training.cost import Assumptions, Throughput, estimate, rl_work, table
+from meml.plan.cost import Assumptions, Throughput, estimate, rl_work, table
 
 
 def _cfg() -> dict:

@@ -152,7 +152,7 @@ def test_without_vllm_the_project_imports_and_the_engine_explains(
     from conftest import PROJECT
 
     # importing the training modules never imports vLLM (a fresh interpreter: this one may hold it)
-    names = ["meml.training.rollout_vllm", "meml.training.engines", "meml.training.rl", "meml.training.cost",
+    names = ["meml.training.rollout_vllm", "meml.training.engines", "meml.training.rl", "meml.plan.cost",
              "meml.training.probe"]  # fmt: skip
     code = f"import importlib, sys; [importlib.import_module(n) for n in {names}]; assert 'vllm' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(PROJECT / "pipeline")}, timeout=120)

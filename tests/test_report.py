@@ -463,6 +463,18 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"'t-sft' should retrain \['rl'\].*say \['sft', 'rl'\]") as err:
         build(too_much, results / "t", tmp_path / "report", reference)
     assert err.value.field == "report.stages.rl"
+    # seeds that redraw the training data: their own worlds hold other training questions
+    from meml.reporting.stages import retrained, stage_labels
+
+    assert retrained(cfg, results / "t", "x") == ["pretrain", "sft", "rl"]
+    for k, text in ((0, "q0"), (1, "q1")):
+        world = results / "t" / "toy" / f"seed{k}" / "data"
+        for ds in cfg["grid"]["datasets"]:
+            (world / ds).mkdir(parents=True, exist_ok=True)
+            (world / ds / "train.jsonl").write_text(text)
+    assert retrained(cfg, results / "t", "x") == ["data", "pretrain", "sft", "rl"]
+    scopes = [["data", "pretrain", "sft", "rl"], ["pretrain", "sft", "rl"], ["sft", "rl"], ["rl"]]
+    assert stage_labels(scopes) == ["the training data", "pretraining", "SFT", "RL"]
     # a hub model's base is never retrained: no pretraining spread to split off
     hub = _config(**{"grid.seeds_vary": ["pretrain", "sft", "rl"], "report.stages": {"sft": "t-sft"}})
     hub["models"]["qwen2"]["source"] = "Qwen/Qwen2.5-Math-1.5B"

@@ -253,7 +253,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_cost(args: argparse.Namespace) -> None:
-    from meml.training import cost
+    from meml.plan import cost
 
     cfg = _config(args)
     text = cost.report(cfg, Layout.of(cfg, args.results).root / "cost_throughput.json", args.measure, args.steps)

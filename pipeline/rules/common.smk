@@ -201,7 +201,7 @@ if (config["device"] == "cuda" or config["world"] == "real") and workflow.is_mai
     import atexit  # noqa: E402
 
     from meml.plan import preflight  # noqa: E402
-    from meml.training import cost  # noqa: E402
+    from meml.plan import cost  # noqa: E402
 
     _estimate = cost.headlines_both_engines(config, Path(RESULTS) / "cost_throughput.json")
     _PREFLIGHT = preflight.block(config, _estimate if config["device"] == "cuda" else [])

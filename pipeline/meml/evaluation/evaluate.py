@@ -202,12 +202,12 @@ def evaluate_model(
     if len(experts) > 1:  # the vote in both checker modes: each table scores in the config's mode
         out["majority_vote"] = {"experts": [int(k) for k in experts], "tie_rule": TIE_RULE}
         for mode in ("strict", "lenient"):
-            correct = 0
+            voted = 0
             for q in per_question.values():
                 vote = majority_vote([q[f"e{k}"][mode] for k in experts])
                 q[f"majority_vote_{mode}"] = vote
-                correct += answers_match(vote, q["gold"], dataset)
-            out["majority_vote"][mode] = correct / len(records)
+                voted += answers_match(vote, q["gold"], dataset)
+            out["majority_vote"][mode] = voted / len(records)
     out["samples"] = list(per_question.values())
     return out
 

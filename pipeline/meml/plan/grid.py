@@ -15,6 +15,7 @@ from typing import Any
 
 from meml.core.io import DataError
 from meml.data.tiny_models import folder_name, tiny_arch
+from meml.training.rl_settings import deep_rl, method_rl, rollouts_per_expert
 
 TABLES = ("main", "ablation", "vote", "curves")
 EXTRA_TABLES = ("gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic")
@@ -33,28 +34,6 @@ class Cell:
     def path(self) -> str:
         """The cell's folder below results/<profile>/rl/ (and its eval file's stem below eval/)."""
         return f"{self.model}/{self.dataset}/{self.method}/seed{self.seed}"
-
-
-def rollouts_per_expert(group_size: int, n_experts: int, spread: str, method: str = "<method>") -> list[int]:
-    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each.
-    A split that leaves an expert one rollout is refused: a subgroup of one always has advantage 0,
-    so that expert would get no GRPO gradient at all (8 over 5 experts is 2/2/2/1/1)."""
-    if spread == "per_expert":
-        counts = [group_size] * n_experts
-    elif spread == "split":
-        counts = [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
-    else:
-        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert", None, None, "rl.spread")
-    if min(counts) < 2:
-        raise DataError(
-            f"rl.group_size {group_size} split among {n_experts} experts gives rollouts {counts}: an expert with "
-            f"fewer than 2 rollouts never gets an advantage; raise rl.group_size to {2 * n_experts} or more, "
-            f"set rl.spread: per_expert, or use fewer methods.{method}.rl_experts",
-            None,
-            None,
-            "rl.group_size",
-        )
-    return counts
 
 
 def sft_variant(experts: list[int] | tuple[int, ...]) -> str:
@@ -225,14 +204,6 @@ def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     return [m for m in models(cfg) if chosen is None or m in chosen]
 
 
-def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> dict[str, Any]:
-    """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
-    entry, then the method's own `rl` overrides, each laid over the one before."""
-    from meml.core.config import deep_merge
-
-    return deep_merge(deep_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})
-
-
 def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
     """Every value that defines an RL cell's result. Snakemake reruns a cell when these change."""
     return {
@@ -353,7 +324,7 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
 
 
 # report.stages: runs of the same grid whose seeds retrain less (reporting/stages.py)
-STAGE_SCOPES = {"sft": ["sft", "rl"], "rl": ["rl"]}
+STAGE_SCOPES = {"pretrain": ["pretrain", "sft", "rl"], "sft": ["sft", "rl"], "rl": ["rl"]}
 
 
 def check_stages(cfg: dict[str, Any]) -> None:
@@ -399,13 +370,6 @@ def eval_max_new_tokens(cfg: dict[str, Any], dataset: str) -> int:
     """Evaluation's length cap on a data set: `eval.max_new_tokens`, or (null) the data set's RL cap,
     so an answer may run at evaluation exactly as long as it could in training."""
     return int(cfg["eval"]["max_new_tokens"] or deep_rl(cfg, dataset)["max_new_tokens"])
-
-
-def deep_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
-    """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
-    from meml.core.config import deep_merge
-
-    return deep_merge(cfg["rl"], ((cfg.get("rl_by_dataset") or {}).get(dataset) or {}) if dataset else {})
 
 
 def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:

@@ -1,6 +1,6 @@
 """Where a study's training spread comes from, stage by stage: this run beside runs of the same grid
-and base seed whose seeds retrain less (`report.stages`), its seed variance split into pretraining,
-SFT and RL.
+and base seed whose seeds retrain less (`report.stages`), its seed variance split into the training
+data's draw, pretraining, SFT and RL.
 
 Why: a whole-chain seed (grid.seeds_vary [pretrain, sft, rl]) redraws every stage at once, so its
 seed variance is the sum of what the stages add. A run of the same grid whose seeds retrain SFT and
@@ -9,6 +9,10 @@ seed's RL from seed 0's SFT models: their seed variances are the spread of the l
 With s2(.) the seed component of each run's seeds x questions matrix (stats.components):
 
     pretraining = s2(whole) - s2(sft, rl)     SFT = s2(sft, rl) - s2(rl)     RL = s2(rl)
+
+and, where this run's seeds also redraw the training data (grid.seeds_vary [data, pretrain, sft,
+rl]) beside a run whose seeds retrain the whole chain on one data draw (report.stages.pretrain),
+data = s2(data, whole) - s2(whole): what a replication's data draw adds to the spread.
 
 each s2 taken before the clip at 0 that the sd columns apply (a clip on each side of a difference
 would bias it). The test sample's part is the same in every run (the same questions) and is
@@ -42,7 +46,7 @@ from meml.reporting.results import Results
 from meml.reporting.tables import MISSING, Table
 
 SCOPES = grid.STAGE_SCOPES  # report.stages key -> what that run's seeds retrain
-STAGE_NAMES = {"pretrain": "pretraining", "sft": "SFT", "rl": "RL"}
+STAGE_NAMES = {"data": "the training data", "pretrain": "pretraining", "sft": "SFT", "rl": "RL"}
 
 
 def _start_hash(path: Path, field: str) -> str:
@@ -57,7 +61,8 @@ def _start_hash(path: Path, field: str) -> str:
 def retrained(cfg: dict[str, Any], folder: Path, field: str) -> list[str]:
     """What the seeds of the run in `folder` retrained, from the hashes of the weights its runs
     started from: RL from one model in every seed -> [rl]; from several, and every seed's SFT from one
-    base -> [sft, rl]; from several bases -> [pretrain, sft, rl]."""
+    base -> [sft, rl]; from several bases -> [pretrain, sft, rl], and [data, pretrain, sft, rl] where
+    the seeds' own worlds hold different training questions."""
     layout, seeds = Layout(folder), cfg["grid"]["seeds"]
     if len(seeds) < 2:
         raise DataError("a stage split needs 2 or more seeds", None, None, "grid.seeds")
@@ -71,7 +76,20 @@ def retrained(cfg: dict[str, Any], folder: Path, field: str) -> list[str]:
     for model, ds, run in grid.calibrated(cfg):  # every SFT run a cell starts from: e0-e1-e2/seed3
         start = _start_hash(layout.sft(model, ds, run) / "DONE", field)
         bases.setdefault((model, ds, run.partition("/")[0]), set()).add(start)
-    return ["pretrain", "sft", "rl"] if any(len(h) > 1 for h in bases.values()) else ["sft", "rl"]
+    if not any(len(h) > 1 for h in bases.values()):
+        return ["sft", "rl"]
+    # the training data: each seed's own world (grid.seeds_vary: data) holds its own draw
+    draws = {
+        ds: {
+            (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").read_bytes()
+            if (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").is_file()
+            else b""
+            for k in seeds
+        }
+        for ds in cfg["grid"]["datasets"]
+    }
+    redrawn = any(len(d) > 1 for d in draws.values())
+    return ["data", "pretrain", "sft", "rl"] if redrawn else ["pretrain", "sft", "rl"]
 
 
 def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Path]]:
@@ -80,7 +98,7 @@ def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Pa
     grid.check_stages(cfg)
     named = cfg["report"]["stages"]
     runs = [(list(cfg["grid"]["seeds_vary"]), cfg["profile"], root, "grid.seeds_vary")]
-    for key in ("sft", "rl"):
+    for key in ("pretrain", "sft", "rl"):
         if key not in named:
             continue
         field = f"report.stages.{key}"

@@ -291,8 +291,13 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
     vary = ", ".join(cfg["grid"]["seeds_vary"])
     lines = [
         "",
-        f"Where the spread comes from (a seed retrains: {vary}; the data are the same for every seed). "
-        "Standard deviation of one run's accuracy, in points: across seeds (training) and across draws of "
+        f"Where the spread comes from (a seed retrains: {vary}; "
+        + (
+            "each seed draws its own training data, the test questions are shared). "
+            if grid.varies(cfg, "data")
+            else "the data are the same for every seed). "
+        )
+        + "Standard deviation of one run's accuracy, in points: across seeds (training) and across draws of "
         "the test questions (method of moments on the seeds x questions matrix, per cell):",
     ]
     models, datasets = grid.models(cfg), cfg["grid"]["datasets"]

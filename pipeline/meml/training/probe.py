@@ -96,8 +96,8 @@ def timed_steps(
     import torch
 
     from meml.core.precision import of_config
-    from meml.plan.grid import method_rl
     from meml.training.rl import Method, run_rl
+    from meml.training.rl_settings import method_rl
 
     precision = of_config(cfg)
     # a throughput probe on a random-weight model: its length cap is a choice, not a truncation risk

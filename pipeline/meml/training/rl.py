@@ -50,12 +50,11 @@ from meml.core.precision import Precision, resolve
 from meml.core.records import Record
 from meml.core.tracking import Tracker
 from meml.data.experts import DEFAULT_PROMPTS
-from meml.plan.grid import rollouts_per_expert
 from meml.training import rl_run
 from meml.training.distributed import Dist
 from meml.training.groups import Groups, QuestionOrder, sample_groups, sample_step
 from meml.training.rl_metrics import step_metrics
-from meml.training.rl_settings import RLSettings
+from meml.training.rl_settings import RLSettings, rollouts_per_expert
 from meml.training.rl_step import (
     HSFTBatch,
     advantages_step,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from meml.core.io import DataError
-from meml.plan.grid import deep_rl
 from meml.training.rollout import Sampling
 
 
@@ -103,3 +102,40 @@ def sampling_of(cfg: dict[str, Any], dataset: str) -> Sampling:
     """RL's sampling on a data set (rl with its rl_by_dataset entry): what the calibration gate and
     the complementarity analysis sample with."""
     return RLSettings.from_config(deep_rl(cfg, dataset)).sampling
+
+
+def rollouts_per_expert(group_size: int, n_experts: int, spread: str, method: str = "<method>") -> list[int]:
+    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each.
+    A split that leaves an expert one rollout is refused: a subgroup of one always has advantage 0,
+    so that expert would get no GRPO gradient at all (8 over 5 experts is 2/2/2/1/1)."""
+    if spread == "per_expert":
+        counts = [group_size] * n_experts
+    elif spread == "split":
+        counts = [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
+    else:
+        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert", None, None, "rl.spread")
+    if min(counts) < 2:
+        raise DataError(
+            f"rl.group_size {group_size} split among {n_experts} experts gives rollouts {counts}: an expert with "
+            f"fewer than 2 rollouts never gets an advantage; raise rl.group_size to {2 * n_experts} or more, "
+            f"set rl.spread: per_expert, or use fewer methods.{method}.rl_experts",
+            None,
+            None,
+            "rl.group_size",
+        )
+    return counts
+
+
+def deep_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
+    from meml.core.config import deep_merge
+
+    return deep_merge(cfg["rl"], ((cfg.get("rl_by_dataset") or {}).get(dataset) or {}) if dataset else {})
+
+
+def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> dict[str, Any]:
+    """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
+    entry, then the method's own `rl` overrides, each laid over the one before."""
+    from meml.core.config import deep_merge
+
+    return deep_merge(deep_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})
