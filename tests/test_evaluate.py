@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from meml.core.answers import answers_match
+from meml.core.answers import answers_match, extract
 from meml.core.io import DataError
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS
@@ -67,6 +69,25 @@ def test_lm_eval_accuracy_equals_the_checker_on_the_same_generations(
         )
         assert block["majority_vote"][mode] == pytest.approx(by_hand / 6)
     assert (tmp_path / "eval.json").is_file()
+    # an evaluation of the old format (cut answers scored), scored again from its stored responses,
+    # is what evaluating today gives
+    from transformers import AutoTokenizer
+
+    from meml.evaluation.evaluate import rescore
+
+    old = copy.deepcopy(block)
+    for name, e in old["experts"].items():
+        old["experts"][name] = {"strict": e["lm_eval"]["strict"], "lenient": e["lm_eval"]["lenient"], "seconds": 1.0}
+    for q in old["samples"]:
+        for name in ("e0", "e1"):
+            response = q[name]["response"]
+            q[name] = {"response": response, "strict": extract(response, "mathqa", "strict", None)}
+    again = rescore(old, wanted, 24, AutoTokenizer.from_pretrained(model))
+    assert again["samples"] == block["samples"] and again["majority_vote"] == block["majority_vote"]
+    for name, e in block["experts"].items():
+        assert {k: again["experts"][name][k] for k in e if k in again["experts"][name] and k != "seconds"} == {
+            k: v for k, v in e.items() if k in again["experts"][name] and k != "seconds"
+        }
 
 
 def test_bad_input_fails_before_generation(small_world: Path, model: Path, tmp_path: Path) -> None:

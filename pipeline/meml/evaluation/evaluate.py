@@ -67,6 +67,78 @@ def majority_vote(predictions: Sequence[str | None]) -> str | None:
     return next(p for p in predictions if p is not None and votes[p] == best)
 
 
+def score_expert(
+    responses: Sequence[tuple[Any, str]],
+    dataset: str,
+    cap: int,
+    tokenizer: Any,
+    per_question: dict[str, dict[str, Any]],
+    expert: str,
+) -> dict[str, Any]:
+    """Score one expert's (record, response) pairs into per_question[id][expert] and return the
+    expert's accuracies. A response is finished when it re-tokenises to fewer than `cap` tokens
+    (lm-eval returns text, not tokens); a cut one is wrong in every mode and abstains from the vote
+    (its answers are None), and is counted in `cut_correct_looking` when the checker would have
+    taken it."""
+    correct = {"strict": 0, "lenient": 0}
+    cut_correct = {"strict": 0, "lenient": 0}
+    finished = 0
+    for record, response in responses:
+        done = len(tokenizer(response, add_special_tokens=False)["input_ids"]) < cap
+        entry: dict[str, Any] = {"response": response, "finished": done}
+        for mode in ("strict", "lenient"):
+            answer = extract(response, dataset, mode, record.options)
+            looks_right = answers_match(answer, record.answer, dataset)
+            entry[mode] = answer if done else None
+            entry[f"{mode}_correct"] = done and looks_right
+            correct[mode] += done and looks_right
+            cut_correct[mode] += not done and looks_right
+        per_question[record.id][expert] = entry
+        finished += done
+    n = len(responses)
+    return {
+        "strict": correct["strict"] / n,
+        "lenient": correct["lenient"] / n,
+        "cut_correct_looking": cut_correct,
+        "finished": finished / n,
+    }
+
+
+def vote(per_question: dict[str, dict[str, Any]], experts: Sequence[int], dataset: str) -> dict[str, Any]:
+    """The majority vote in both checker modes (each table scores in the config's mode), written
+    into each question as majority_vote_<mode>; returns its accuracies."""
+    out: dict[str, Any] = {"experts": [int(k) for k in experts], "tie_rule": TIE_RULE}
+    for mode in ("strict", "lenient"):
+        voted = 0
+        for q in per_question.values():
+            chosen = majority_vote([q[f"e{k}"][mode] for k in experts])
+            q[f"majority_vote_{mode}"] = chosen
+            voted += answers_match(chosen, q["gold"], dataset)
+        out[mode] = voted / len(per_question)
+    return out
+
+
+def rescore(report: dict[str, Any], records: Sequence[Any], cap: int, tokenizer: Any) -> dict[str, Any]:
+    """An evaluation block ("model" or "base") written before cut answers scored 0, scored again from
+    its stored responses under today's rule; lm-eval's own scores (its old strict and lenient) are
+    kept as `lm_eval`. Nothing is generated: the responses are the ones the evaluation wrote."""
+    by_id = {r.id: r for r in records}
+    dataset = report["dataset"]
+    samples = report["samples"]
+    per_question = {q["id"]: {"id": q["id"], "gold": q["gold"]} for q in samples}
+    for name, old in report["experts"].items():
+        responses = [(by_id[q["id"]], q[name]["response"]) for q in samples if name in q]
+        summary = score_expert(responses, dataset, cap, tokenizer, per_question, name)
+        lm_eval_scores = old.get("lm_eval") or {"strict": old["strict"], "lenient": old["lenient"]}
+        kept = {k: v for k, v in old.items() if k in ("seconds", "seconds_per_100_questions")}
+        report["experts"][name] = {**summary, "lm_eval": lm_eval_scores, **kept}
+    if "majority_vote" in report:
+        report["majority_vote"] = vote(per_question, report["majority_vote"]["experts"], dataset)
+    report["samples"] = list(per_question.values())
+    report["rescored"] = "cut answers score 0 (scored again from the stored responses)"
+    return report
+
+
 def _make_model(
     checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str, vllm: dict[str, Any] | None = None
 ) -> Any:
@@ -165,49 +237,21 @@ def evaluate_model(
             seconds = time.time() - started
             assert result is not None
             scores = result["results"][name]
-            n = 0
-            correct = {"strict": 0, "lenient": 0}
-            cut_correct = {"strict": 0, "lenient": 0}  # correct-looking answers cut at the cap
-            finished = 0
-            for sample in result["samples"][name]:
-                if sample["filter"] != "lenient":
-                    continue
-                doc = sample["doc"]
-                response = sample["resps"][0][0]
-                record = by_id[doc["id"]]
-                # finished: shorter than the cap when re-tokenised (lm-eval returns text, not tokens);
-                # a cut answer is wrong in every mode, and abstains from the vote
-                done = len(tokenizer(response, add_special_tokens=False)["input_ids"]) < cap
-                entry: dict[str, Any] = {"response": response, "finished": done}
-                for mode in ("strict", "lenient"):
-                    answer = extract(response, dataset, mode, record.options)
-                    looks_right = answers_match(answer, record.answer, dataset)
-                    entry[mode] = answer if done else None
-                    entry[f"{mode}_correct"] = done and looks_right
-                    correct[mode] += done and looks_right
-                    cut_correct[mode] += not done and looks_right
-                per_question[record.id][f"e{k}"] = entry
-                finished += done
-                n += 1
+            responses = [
+                (by_id[sample["doc"]["id"]], sample["resps"][0][0])
+                for sample in result["samples"][name]
+                if sample["filter"] == "lenient"
+            ]
+            summary = score_expert(responses, dataset, cap, tokenizer, per_question, f"e{k}")
             out["experts"][f"e{k}"] = {
-                "strict": correct["strict"] / n,
-                "lenient": correct["lenient"] / n,
+                **summary,
                 # lm-eval's own scoring of the same responses, which does not know the cap
                 "lm_eval": {"strict": scores["accuracy,strict"], "lenient": scores["accuracy,lenient"]},
-                "cut_correct_looking": cut_correct,
-                "finished": finished / n,
                 "seconds": round(seconds, 2),
                 "seconds_per_100_questions": round(100 * seconds / len(records), 2),
             }
     if len(experts) > 1:  # the vote in both checker modes: each table scores in the config's mode
-        out["majority_vote"] = {"experts": [int(k) for k in experts], "tie_rule": TIE_RULE}
-        for mode in ("strict", "lenient"):
-            voted = 0
-            for q in per_question.values():
-                vote = majority_vote([q[f"e{k}"][mode] for k in experts])
-                q[f"majority_vote_{mode}"] = vote
-                voted += answers_match(vote, q["gold"], dataset)
-            out["majority_vote"][mode] = voted / len(records)
+        out["majority_vote"] = vote(per_question, experts, dataset)
     out["samples"] = list(per_question.values())
     return out
 
