@@ -22,11 +22,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
 
-from meml.core.config import DEFAULT_CONFIG, deep_merge, validate  # noqa: E402
-from meml.core.io import atomic_write_json, read_json  # noqa: E402
-from meml.core.records import read_records  # noqa: E402
-from meml.plan.grid import eval_max_new_tokens  # noqa: E402
-from meml.plan.layout import Layout  # noqa: E402
+from meml.core.config import DEFAULT_CONFIG, deep_merge, validate
+from meml.core.io import atomic_write_json, read_json
+from meml.core.records import read_records
+from meml.plan.grid import eval_max_new_tokens
+from meml.plan.layout import Layout
 
 
 def main() -> None:
