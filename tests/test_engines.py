@@ -19,6 +19,7 @@ from meml.data.experts import DEFAULT_PROMPTS
 from meml.data.tiny_models import build_tiny_models, toy_corpus
 from meml.training.engines import make_engine
 from meml.training.rl import Method, run_rl
+from meml.training.rl_settings import RLSettings
 from meml.training.rollout import (
     HFCopyEngine,
     HFEngine,
@@ -159,6 +160,6 @@ def test_without_vllm_the_project_imports_and_the_engine_explains(
     assert done.returncode == 0
     monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: its import fails
     with pytest.raises(DataError, match=r"needs vLLM.*scripts/setup\.sh.*pip install -e \.\[gpu\]"):
-        make_engine("vllm", None, model_dir, None, _settings(), resolve("cpu"), seed=0)
+        make_engine("vllm", None, model_dir, None, RLSettings.from_config(_settings()), resolve("cpu"), seed=0)
     with pytest.raises(DataError, match=r"'rl\.engine'"):
-        make_engine("sglang", None, model_dir, None, _settings(), resolve("cpu"), seed=0)
+        make_engine("sglang", None, model_dir, None, RLSettings.from_config(_settings()), resolve("cpu"), seed=0)

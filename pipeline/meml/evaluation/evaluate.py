@@ -163,7 +163,8 @@ def _make_model(
             pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size, **attention_kwargs(device)
         )
     if backend == "vllm":  # lm-eval's own vLLM model, with the settings RL's vLLM engine uses (rl.vllm)
-        from meml.training.rollout_vllm import VLLMSettings, in_process, require_vllm
+        from meml.training.rl_settings import VLLMSettings
+        from meml.training.rollout_vllm import in_process, require_vllm
 
         with in_process():  # importing vLLM sets variables too
             require_vllm()

@@ -10,6 +10,7 @@ from typing import Any
 from meml.core.io import DataError
 from meml.core.precision import Precision
 from meml.training.kv_decode import KVEngine, UnsupportedModel
+from meml.training.rl_settings import RLSettings
 from meml.training.rollout import HFCopyEngine, HFEngine, RolloutEngine
 
 ENGINES = ("kv", "hf", "hf-copy", "vllm")
@@ -20,12 +21,12 @@ def make_engine(
     policy: Any,
     model_dir: str | Path,
     tokenizer: Any,
-    settings: dict[str, Any],
+    settings: RLSettings,
     precision: Precision,
     seed: int,
     rank: int = 0,
 ) -> RolloutEngine:
-    batch = int(settings["rollout_batch_size"])
+    batch = settings.rollout_batch_size
     if name == "kv":
         try:
             return KVEngine(policy, tokenizer, batch, precision)
@@ -36,9 +37,9 @@ def make_engine(
     if name == "hf-copy":
         return HFCopyEngine(policy, tokenizer, batch, precision)
     if name == "vllm":
-        from meml.training.rollout_vllm import VLLMEngine, VLLMSettings
+        from meml.training.rollout_vllm import VLLMEngine
 
-        return VLLMEngine(model_dir, tokenizer, precision, VLLMSettings.from_config(settings["vllm"]), seed + rank)
+        return VLLMEngine(model_dir, tokenizer, precision, settings.vllm, seed + rank)
     raise DataError(f"unknown rollout engine '{name}'; known: {', '.join(ENGINES)}", None, None, "rl.engine")
 
 

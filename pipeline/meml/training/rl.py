@@ -137,7 +137,7 @@ def run_rl(
     reward_config = RewardConfig(reward_mode, format_bonus)
 
     # load and check everything that can fail, then start (or resume) in the folder
-    run = rl_run.load(s, settings, experts, model_dir, data_dir, experts_dir, seed, precision, dist, engine)
+    run = rl_run.load(s, experts, model_dir, data_dir, experts_dir, seed, precision, dist, engine)
     rl_run.start(out, params, run.steps, mlflow_settings, dist)
     first = rl_run.resume(run, out, seed, dist)
     if first and dist.is_main:  # the job's log says so: after a cancelled or killed job, no step is redone

@@ -58,7 +58,6 @@ class Loaded:
 
 def load(
     s: RLSettings,
-    settings: dict[str, Any],
     experts: list[int],
     model_dir: str | Path,
     data_dir: str | Path,
@@ -88,7 +87,7 @@ def load(
     sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=s.buffer.sft_lr, weight_decay=0.0)
     warmup = max(1, s.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
-    engine = engine or make_engine(s.engine, policy, model_dir, tokenizer, settings, precision, seed, dist.rank)
+    engine = engine or make_engine(s.engine, policy, model_dir, tokenizer, s, precision, seed, dist.rank)
     records = read_records(Path(data_dir) / "train.jsonl")
     by_id = {r.id: r for r in records}
     over_cap = over_cap_shares(tokenizer, experts_dir, experts, by_id, s.max_new_tokens)

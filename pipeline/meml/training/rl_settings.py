@@ -23,6 +23,41 @@ class BufferSettings:
 
 
 @dataclass(frozen=True)
+class VLLMSettings:
+    """`rl.vllm`, read once: vLLM's settings for RL rollouts and for evaluation."""
+
+    gpu_memory_utilization: float  # GPU: vLLM's share of the GPU's memory beside the trained policy
+    max_model_len: int | None  # the longest prompt + completion vLLM plans for; None: the model's own
+    cpu_kv_cache_gib: float  # CPU: the KV cache's size (on a CPU vLLM would otherwise ask for a share of all RAM)
+    enforce_eager: bool | None  # None: eager on a CPU (starts in seconds), compiled with CUDA graphs on a GPU
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> VLLMSettings:
+        for key in ("gpu_memory_utilization", "max_model_len", "cpu_kv_cache_gib", "enforce_eager"):
+            if key not in section:
+                raise DataError(f"missing vLLM setting rl.vllm.{key} (config/default.yaml has every key)")
+        eager = section["enforce_eager"]
+        return cls(
+            float(section["gpu_memory_utilization"]),
+            None if section["max_model_len"] is None else int(section["max_model_len"]),
+            float(section["cpu_kv_cache_gib"]),
+            None if eager is None else bool(eager),
+        )
+
+    def llm_kwargs(self, device: str) -> dict[str, Any]:
+        """The arguments of vllm.LLM that depend on the device."""
+        eager = (device == "cpu") if self.enforce_eager is None else self.enforce_eager
+        out: dict[str, Any] = {"enforce_eager": eager}
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
+        if device == "cpu":
+            out["kv_cache_memory_bytes"] = int(self.cpu_kv_cache_gib * 2**30)
+        else:
+            out["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return out
+
+
+@dataclass(frozen=True)
 class RLSettings:
     steps: int
     epochs: float | None  # passes over the training questions; None: `steps`
@@ -46,6 +81,7 @@ class RLSettings:
     rollout_batch_size: int
     engine: str
     buffer: BufferSettings
+    vllm: VLLMSettings  # rl.vllm: the vLLM engine's settings (read here too: no raw dict past this type)
 
     @classmethod
     def from_config(cls, rl: dict[str, Any]) -> RLSettings:
@@ -82,6 +118,7 @@ class RLSettings:
             keep_checkpoints=bool(rl.get("keep_checkpoints", True)),
             rollout_batch_size=get(rl, "rollout_batch_size", int),
             engine=get(rl, "engine", str),
+            vllm=VLLMSettings.from_config(rl.get("vllm") or {}),
             buffer=BufferSettings(
                 capacity=get(buffer, "capacity", int, "rl.buffer"),
                 threshold=get(buffer, "threshold", float, "rl.buffer"),
