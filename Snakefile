@@ -36,7 +36,8 @@ _WORKER = {}
 
 onstart:
     Path(RESULTS).mkdir(parents=True, exist_ok=True)
-    rules = collections.Counter(job.rule.name for job in workflow.dag.needrun_jobs())
+    # `all` has no output, so no job record: it is never counted as done, nor as left
+    rules = collections.Counter(job.rule.name for job in workflow.dag.needrun_jobs() if job.rule.name != "all")
     PROGRESS_STATE.write_text(json.dumps({"start": time.time(), "total": len(workflow.dag), "rules": rules}))
     # Not on a cluster (--executor slurm): jobs run on other nodes, which cannot reach this
     # machine's socket, and on this one the worker would run them outside the scheduler's control.
@@ -66,13 +67,17 @@ onsuccess:
     from meml.reporting.finish import message  # noqa: E402
 
     if not workflow.dryrun:  # the run's own facts: report/<profile>/run.json
-        run_record.write(config, PROGRESS_STATE, Path(REPORT))
+        run_record.write(config, PROGRESS_STATE, Path(REPORT), workflow.cores)
 
     print(message(config), file=sys.stderr)
 
 
 onerror:
     stop_worker()
+    from meml.reporting import run_record  # noqa: E402
+
+    if not workflow.dryrun:  # a part that failed or was stopped still cost what it cost
+        run_record.write(config, PROGRESS_STATE, Path(REPORT), workflow.cores)
     for failure in calibration_failures():
         print(failure, file=sys.stderr)
 

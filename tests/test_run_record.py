@@ -32,7 +32,10 @@ def test_a_run_in_two_parts_is_one_record_whose_sums_cover_both(tmp_path: Path) 
     assert second["jobs_by_rule"] == {"evaluate": 1, "rl": 2, "tiny_model": 1}
     assert second["wall_seconds"] == pytest.approx(120.0) and second["job_seconds"] == pytest.approx(95.0)
     assert second["seeds"] == {"seed": 0, "grid_seeds": [0, 1], "seeds_vary": ["rl"]}
-    assert second["versions"]["torch"] and second["machine"]["cores"]
+    assert second["versions"]["torch"] and second["machine"]["cpus"]
     # an invocation with nothing to do adds nothing
     assert run_record.update(path, cfg, 400.0, 401.0, [])["invocations"] == second["invocations"]
     assert json.loads(path.read_text()) == run_record.update(path, cfg, 400.0, 401.0, [])
+    # the results made again from scratch after the record: a record of its own
+    again = run_record.update(path, cfg, 500.0, 530.0, [("rl", 20.0)], cores=2, fresh_since=450.0)
+    assert len(again["invocations"]) == 1 and again["job_seconds"] == 20.0 and again["cores"] == 2

@@ -25,7 +25,10 @@ EXTRA_TABLES = ["gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic"
 
 
 def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp), "--cores", "2", *extra]
+    # `--quiet host -p`: the rule blocks and commands the tests read, which the workstation profile
+    # keeps out of a user's view
+    cmd = [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp), "--cores", "2"]
+    cmd += ["--quiet", "host", "--printshellcmds", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp)
 
 

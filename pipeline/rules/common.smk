@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
+from meml.core.config import load_yaml  # noqa: E402
 from meml.core.config import validate as with_defaults  # noqa: E402
 from meml.core.io import DataError  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
@@ -109,10 +110,21 @@ def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=
 
 # The other runs of this study the report pools (report.replicates, less this run's own profile):
 # those on disk now. `make study` runs the study, then its replica, then this DAG again, whose
-# report then pools the replica (a new input: Snakemake reruns the report alone).
+# report then pools the replica (a new input: Snakemake reruns the report alone). A replicate counts
+# once every one of its evaluations is there: one run in part is left out, not waited for.
 REPLICATES = [
-    name for name in config["report"]["replicates"] if name != config["profile"] and Path("results", name, "eval").is_dir()
+    name
+    for name in config["report"]["replicates"]
+    if name != config["profile"] and all(Path("results", name, "eval", f"{c.path}.json").is_file() for c in CELLS)
 ]
+
+
+# The RL job's sections: rl_by_dataset too where the config's differs from the default's (a job's
+# config is the default with the sections it is given laid over it, so without it the job would
+# train at the default's per-data-set caps), and only there, so that the default config's RL jobs
+# keep their params.
+_DEFAULT_RL_BY_DATASET = load_yaml((Path(workflow.basedir) / "config" / "default.yaml").read_text())["rl_by_dataset"]
+RL_SECTIONS = ["rl_by_dataset"] if config.get("rl_by_dataset") != _DEFAULT_RL_BY_DATASET else []
 
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed

@@ -35,10 +35,11 @@ rule report:
             for c in CELLS
             for kind in (f"eval/{c.path}.json", f"rl/{c.path}/DONE")
         ]
-        + [  # the SFT run's own SFT models: their DONE files say which base each started from
-            f"results/{config['report']['stages']['sft']}/sft/{m}/{ds}/{run}/DONE"
+        + [  # the pretrain and SFT runs' own SFT models: their DONE files say which base each started from
+            f"results/{config['report']['stages'][key]}/sft/{m}/{ds}/{run}/DONE"
+            for key in ("pretrain", "sft")
+            if key in config["report"]["stages"]
             for m, ds, run in grid.calibrated(config)
-            if "sft" in config["report"]["stages"]
         ],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),

@@ -101,7 +101,7 @@ def base_table(cfg: dict[str, Any], root: str | Path) -> Table:
         "The model as the config gives it, before SFT or RL, greedy, the same lm-eval task, questions and "
         "length cap as the cells. 95% CI: Wilson score interval over the test questions. finished %: answers "
         "that ended within the length cap.",
-        cut_note(reports, mode),
+        cut_note(reports, mode, trained=False),
         "chance %: " + "; ".join(f"{DATASET_TITLES[ds]} {CHANCE_NOTE[ds]}" for ds in cfg["grid"]["datasets"]) + ".",
         *notes,
     ]

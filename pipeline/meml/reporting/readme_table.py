@@ -69,8 +69,8 @@ def render(example: Path = PROJECT_ROOT / "report" / "example") -> str:
     runs_text = " and ".join(f"`report/example/{p}/`" for p in runs)
     lines += [
         "",
-        f"Differences in accuracy points (toy world, qwen2 on toy GSM8K and StrategyQA, 5 seeds a run), pooled "
-        f"over {runs_text} with a random effect for the run; each run's interval covers the other run's estimate "
+        f"Differences in accuracy points (the design: `{RECIPE}`), pooled over {runs_text} with a random "
+        "effect for the run; each run's interval covers the other run's estimate "
         f"in {replication['covered']} of {replication['pairs']} (claim, run) pairs. Paper: its own difference "
         "where it reports both methods.",
     ]

@@ -121,20 +121,27 @@ class Results:
         return [statistics.fmean(step) for step in zip(*runs, strict=True)] if runs else []
 
 
-def cut_note(reports: list[dict[str, Any]], mode: str) -> str:
+def cut_note(reports: list[dict[str, Any]], mode: str, trained: bool = True) -> str:
     """How many answers were cut at the token cap, and how many of them looked correct (the checker
-    would have taken them) but were scored wrong, over these evaluations' experts ("model" blocks)."""
+    would have taken them) but were scored wrong, over these evaluations' experts ("model" blocks);
+    `trained`: the evaluations are of RL cells (whose rollouts were scored by the same rule)."""
     answers = cut = looked = 0
+    rescored = False
     for report in reports:
+        rescored = rescored or bool(report.get("rescored"))
         for e in report["experts"].values():
             n = report.get("questions") or len(report.get("samples", ()))
             answers += n
             cut += round(n * (1 - e.get("finished", 1.0)))
             looked += e.get("cut_correct_looking", {}).get(mode, 0)
-    return (
-        f"Answers cut at the token cap score 0 (in RL as well): {cut} of {answers} answers were cut, "
-        f"{looked} of them correct-looking to the {mode} checker."
+    text = (
+        f"Answers cut at the token cap score 0{' (in RL as well)' if trained and not rescored else ''}: "
+        f"{cut} of {answers} answers were cut, {looked} of them correct-looking to the {mode} checker."
     )
+    if rescored:
+        text += " These evaluations were scored again under that rule from their stored responses"
+        text += "; the RL runs predate it." if trained else "."
+    return text
 
 
 def subgroup_share(kind: str) -> Any:

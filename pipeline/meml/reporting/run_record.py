@@ -2,15 +2,16 @@
 when it finishes (the Snakefile's onsuccess), so that docs and the README cite a file instead of
 retyping minutes.
 
-    {"profile", "commit", "dirty", "machine": {cpu, cores, platform}, "versions": {...},
+    {"profile", "commit", "dirty", "machine": {cpu, cpus, platform}, "cores", "versions": {...},
      "seeds": {seed, grid_seeds, seeds_vary},
      "wall_seconds", "job_seconds", "job_seconds_by_rule", "jobs_by_rule",   (sums over invocations)
      "invocations": [{start, end, wall_seconds, jobs, job_seconds_by_rule}, ...]}
 
 A grid run in parts (stopped and started again) is one record with one invocation a part: the
-sums are what the whole run cost. An invocation that ran no job (everything up to date) adds
-nothing. The commit is the code that finished the run; `dirty` says the working tree differed
-from it.
+sums are what the whole run cost, a part that failed or was stopped included (the onerror hook
+writes too). An invocation that ran no job (everything up to date) adds nothing. A record older
+than the run's results folder (results/<profile>/ made again from scratch) is started afresh.
+The commit is the code that finished the run; `dirty` says the working tree differed from it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from meml.core.environment import cpu_model
 from meml.core.io import atomic_write_json, read_json
 from meml.core.job_log import finished_jobs
+from meml.plan.layout import Layout
 
 PACKAGES = ("torch", "transformers", "trl", "lm_eval", "vllm", "snakemake", "mlflow", "accelerate")
 
@@ -68,10 +70,20 @@ def invocation(start: float, end: float, jobs: list[tuple[str, float]]) -> dict[
     }
 
 
-def update(path: Path, cfg: dict[str, Any], start: float, end: float, jobs: list[tuple[str, float]]) -> dict[str, Any]:
+def update(
+    path: Path,
+    cfg: dict[str, Any],
+    start: float,
+    end: float,
+    jobs: list[tuple[str, float]],
+    cores: int | None = None,
+    fresh_since: float | None = None,
+) -> dict[str, Any]:
     """Add this invocation to the record at `path` (a new record, or one of an earlier part of the
     same run) and write it; the sums cover every invocation."""
     record: dict[str, Any] = read_json(path) if path.is_file() else {}
+    if fresh_since is not None and record.get("updated", 0) < fresh_since:
+        record = {}  # the results were made again from scratch since: another run
     runs = list(record.get("invocations", []))
     if jobs:
         runs.append(invocation(start, end, jobs))
@@ -87,7 +99,8 @@ def update(path: Path, cfg: dict[str, Any], start: float, end: float, jobs: list
         "profile": cfg["profile"],
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(dirty) if dirty is not None else None,
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "cores": cores if cores is not None else record.get("cores"),  # what the run was given (--cores)
         "versions": versions(),
         "seeds": {"seed": cfg["seed"], "grid_seeds": cfg["grid"]["seeds"], "seeds_vary": cfg["grid"]["seeds_vary"]},
         "wall_seconds": round(sum(r["wall_seconds"] for r in runs), 1),
@@ -95,16 +108,20 @@ def update(path: Path, cfg: dict[str, Any], start: float, end: float, jobs: list
         "job_seconds_by_rule": {r: round(s, 1) for r, s in sorted(by_rule.items())},
         "jobs_by_rule": dict(sorted(counts.items())),
         "invocations": runs,
+        "updated": round(end, 1),
     }
     atomic_write_json(path, record)
     return record
 
 
-def write(cfg: dict[str, Any], state_file: Path, report_dir: Path) -> dict[str, Any] | None:
-    """The onsuccess hook: this invocation's jobs (since the start the progress state holds) added
-    to report/<profile>/run.json. Never fails the workflow: a missing state writes nothing."""
+def write(cfg: dict[str, Any], state_file: Path, report_dir: Path, cores: int | None = None) -> dict[str, Any] | None:
+    """The onsuccess and onerror hook: this invocation's jobs (since the start the progress state
+    holds) added to report/<profile>/run.json. Never fails the workflow: a missing state writes
+    nothing."""
     with contextlib.suppress(OSError, ValueError, KeyError):
         start = float(read_json(state_file)["start"])
-        end = time.time()
-        return update(report_dir / "run.json", cfg, start, end, jobs_since(Path(".snakemake/metadata"), start))
+        jobs = jobs_since(Path(".snakemake/metadata"), start)
+        marker = Layout.of(cfg).mlflow_marker  # written when the run's results folder is made
+        since = marker.stat().st_mtime if marker.is_file() else None
+        return update(report_dir / "run.json", cfg, start, time.time(), jobs, cores, since)
     return None

@@ -70,26 +70,24 @@ def retrained(cfg: dict[str, Any], folder: Path, field: str) -> list[str]:
     for cell in grid.cells(cfg):
         start = _start_hash(layout.rl(cell) / "DONE", field)
         rl_starts.setdefault((cell.model, cell.dataset, cell.method), set()).add(start)
-    if all(len(h) == 1 for h in rl_starts.values()):
-        return ["rl"]
-    bases: dict[tuple[str, str, str], set[str]] = {}  # (model, data set, variant) -> its seeds' bases
-    for model, ds, run in grid.calibrated(cfg):  # every SFT run a cell starts from: e0-e1-e2/seed3
-        start = _start_hash(layout.sft(model, ds, run) / "DONE", field)
-        bases.setdefault((model, ds, run.partition("/")[0]), set()).add(start)
-    if not any(len(h) > 1 for h in bases.values()):
-        return ["sft", "rl"]
     # the training data: each seed's own world (grid.seeds_vary: data) holds its own draw
-    draws = {
-        ds: {
+    draws = [
+        {
             (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").read_bytes()
             if (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").is_file()
             else b""
             for k in seeds
         }
         for ds in cfg["grid"]["datasets"]
-    }
-    redrawn = any(len(d) > 1 for d in draws.values())
-    return ["data", "pretrain", "sft", "rl"] if redrawn else ["pretrain", "sft", "rl"]
+    ]
+    data = ["data"] if any(len(d) > 1 for d in draws) else []
+    if all(len(h) == 1 for h in rl_starts.values()):
+        return [*data, "rl"]
+    bases: dict[tuple[str, str, str], set[str]] = {}  # (model, data set, variant) -> its seeds' bases
+    for model, ds, run in grid.calibrated(cfg):  # every SFT run a cell starts from: e0-e1-e2/seed3
+        start = _start_hash(layout.sft(model, ds, run) / "DONE", field)
+        bases.setdefault((model, ds, run.partition("/")[0]), set()).add(start)
+    return [*data, *(["pretrain", "sft", "rl"] if any(len(h) > 1 for h in bases.values()) else ["sft", "rl"])]
 
 
 def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Path]]:
@@ -113,7 +111,7 @@ def stage_runs(cfg: dict[str, Any], root: Path) -> list[tuple[list[str], str, Pa
         runs.append((SCOPES[key], named[key], folder, field))
     for scope, profile, folder, field in runs:
         found = retrained(cfg, folder, field)
-        if found != scope:
+        if set(found) != set(scope):
             raise DataError(
                 f"run '{profile}' should retrain {scope} in each seed, but its runs' starting weights say {found}",
                 folder,

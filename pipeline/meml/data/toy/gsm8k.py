@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from meml.core.io import DataError
 from meml.data.toy.arith import apply, digit_steps, inverse_check, slip
 
 NAMES = ["Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Ines", "Ravi", "Lena", "Tom", "Aiko", "Ben"]
@@ -177,9 +178,14 @@ def generate(rng: random.Random, count: int, max_ops: int | None = None) -> list
     """`count` distinct problems as GSM8K rows ({"question", "answer"}) with their solutions."""
     seen: set[str] = set()
     out: list[tuple[dict[str, str], Problem]] = []
+    repeats = 0
     while len(out) < count:
         p = make_problem(rng, max_ops)
         if p.question in seen:
+            repeats += 1
+            if repeats > 20 * count:  # the generator holds fewer distinct problems than asked for
+                message = f"toy GSM8K has about {len(out)} distinct problems here, fewer than the {count} asked for"
+                raise DataError(message, None, None, "toy.sizes.gsm8k")
             continue
         seen.add(p.question)
         out.append(({"question": p.question, "answer": render_e0(p)}, p))

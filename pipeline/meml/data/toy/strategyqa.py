@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from meml.core.io import DataError
+
 SYLLABLES = [
     "glo",
     "miv",
@@ -196,9 +198,14 @@ def generate(
     seen: set[str] = set()
     out: list[tuple[dict[str, object], Question]] = []
     yes = 0
+    skipped = 0
     while len(out) < count:
         q = make_question(rng, kb)
         if q.text in seen or (q.answer and yes >= (count + 1) // 2) or (not q.answer and len(out) - yes >= count // 2):
+            skipped += 1
+            if skipped > 50 * count:  # the creatures hold fewer distinct questions of one answer than asked for
+                message = f"toy StrategyQA has about {len(out)} distinct balanced questions here, fewer than {count}"
+                raise DataError(message, None, None, "toy.sizes.strategyqa")
             continue
         seen.add(q.text)
         yes += q.answer

@@ -128,8 +128,8 @@ def _drawn_train(
     """A grid seed's own training questions beside the world's test set: (train, test, the train
     renderer, the test renderer). The test questions and StrategyQA's knowledge base are the
     world's (seed `seed`); the training questions and the experts' wording are drawn from streams
-    of their own (`draw`), never repeating a test question. Twice the draw's usual size is drawn
-    and the first n_train that are not test questions are kept."""
+    of their own (`draw`), never repeating a test question: n_train + n_test training questions are
+    drawn and the first n_train that are not test questions are kept."""
     with tempfile.TemporaryDirectory() as folder:
         world, world_render = _generate(Path(folder), dataset, str(seed), n_train, n_test, max_ops, small)
         kb = _knowledge_base(Path(folder)) if dataset == "strategyqa" else None
