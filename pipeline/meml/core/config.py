@@ -1,4 +1,5 @@
-"""Load a YAML config, fill defaults from config/schema.yaml, and reject unknown keys by name.
+"""Load a YAML config, fill its defaults (config/default.yaml, the one home of every value) through
+config/schema.yaml, and reject unknown keys by name.
 
 The same check serves the workflow (pipeline/rules/common.smk) and the CLI.
 """
@@ -42,10 +43,23 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def _defaults_from(node: dict[str, Any], values: Any) -> None:
+    """Give every fixed key of the schema the value config/default.yaml holds as its default, so a
+    config that sets a section only in part (a job's --config-json, a --set override) is filled
+    from the one home of the defaults."""
+    for key, sub in (node.get("properties") or {}).items():
+        if isinstance(values, dict) and key in values:
+            sub.setdefault("default", copy.deepcopy(values[key]))
+            _defaults_from(sub, values[key])
+
+
 @functools.cache
 def schema() -> dict[str, Any]:
-    """config/schema.yaml, read once per process (treat as read-only)."""
-    return dict(load_yaml(SCHEMA_PATH.read_text()))
+    """config/schema.yaml with its defaults taken from config/default.yaml (the schema file holds
+    none for a key default.yaml holds), read once per process (treat as read-only)."""
+    rules = dict(load_yaml(SCHEMA_PATH.read_text()))
+    _defaults_from(rules, load_yaml(DEFAULT_CONFIG.read_text()))
+    return rules
 
 
 def validate(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
