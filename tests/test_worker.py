@@ -122,3 +122,31 @@ def test_a_job_stopped_by_sigterm_fails(tmp_path: Path) -> None:
             os.close(writer)
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_the_time_left_against_a_finished_run() -> None:
+    """The estimate a progress line prints, replayed over a finished toy-study run's job records
+    (rule, start, end in seconds from the run's start; tests/fixtures/study_run_jobs.json) at every
+    evaluation: in the run's second half it is closer to the time that was really left than the
+    job-count estimate it replaced, and near the end, where the short jobs remain, much closer."""
+    import json
+    from collections import Counter
+
+    from meml.progress import time_left
+
+    run = json.loads((PROJECT / "tests/fixtures/study_run_jobs.json").read_text())
+    rows, wall = run["jobs"], run["wall"]
+    state = {"start": 0.0, "total": len(rows), "rules": dict(Counter(rule for rule, _, _ in rows))}
+    ours, counted, late = [], [], []
+    for i, (rule, _, end) in enumerate(rows):
+        if rule != "evaluate" or i + 1 <= len(rows) / 2:
+            continue
+        finished = {str(j): (r, e - s) for j, (r, s, e) in enumerate(rows[: i + 1])}
+        left = wall - end
+        estimate = time_left(state, finished, end)
+        ours.append(abs(estimate - left))
+        counted.append(abs(end / (i + 1) * (len(rows) - i - 1) - left))
+        if len(rows) - i - 1 <= 20:  # the last evaluations, with only short jobs after them
+            late.append((estimate - left) / 60)
+    assert sum(ours) < sum(counted), (sum(ours) / len(ours), sum(counted) / len(counted))
+    assert late and max(abs(x) for x in late) < 2.0, late  # within two minutes near the end
