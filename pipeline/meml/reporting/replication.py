@@ -53,6 +53,7 @@ def _pooled(summary: Summary, runs: list[Comparison], measure: str, chance: floa
     combined = stats.random_effects([c.estimate for c in runs])
     sides = tuple(stats.random_effects([c.sides[i] for c in runs]).estimate for i in (0, 1))
     pooled = Comparison(first.text, first.a, first.b, first.claim, first.table, combined.estimate, sides)  # type: ignore[arg-type]
+    pooled.paper = first.paper  # the paper's own difference, the same for every run
     pooled.no_verdict = summary._no_verdict(pooled, chance, measure)
     return pooled, combined
 
