@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
-from meml.core.config import load_yaml  # noqa: E402
+from meml.core.config import DEFAULT_CONFIG, load_yaml  # noqa: E402
 from meml.core.config import validate as with_defaults  # noqa: E402
 from meml.core.io import DataError  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
@@ -123,7 +123,7 @@ REPLICATES = [
 # config is the default with the sections it is given laid over it, so without it the job would
 # train at the default's per-data-set caps), and only there, so that the default config's RL jobs
 # keep their params.
-_DEFAULT_RL_BY_DATASET = load_yaml((Path(workflow.basedir) / "config" / "default.yaml").read_text())["rl_by_dataset"]
+_DEFAULT_RL_BY_DATASET = load_yaml(DEFAULT_CONFIG.read_text())["rl_by_dataset"]  # the one home of the defaults
 RL_SECTIONS = ["rl_by_dataset"] if config.get("rl_by_dataset") != _DEFAULT_RL_BY_DATASET else []
 
 
