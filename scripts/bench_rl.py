@@ -51,7 +51,7 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     steps = args.steps + 1
     if kind in ("grpo", "moe", "meml", "then-grpo", "then-meml"):
         kind = kind.removeprefix("then-")
-        from meml.training.rl import Method, run_rl
+        from meml.training.rl import Method, RLArgs, RLPaths, RLSettings, run_rl
 
         name = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}[kind]
         settings = dict(
@@ -66,12 +66,8 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         settings["buffer"] = dict(settings["buffer"], capacity=args.buffer)
         with tempfile.TemporaryDirectory() as out:
             run_rl(
-                settings,
-                Method.from_config(name, cfg["methods"][name]),
-                args.model,
-                args.data,
-                args.experts,
-                out,
+                RLArgs(RLSettings.from_config(settings), Method.from_config(name, cfg["methods"][name])),
+                RLPaths(args.model, args.data, args.experts, out),
                 progress=False,
             )
             rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -95,7 +91,7 @@ def _measure_flops(args: argparse.Namespace) -> dict[str, Any]:
     from torch.utils.flop_counter import FlopCounterMode
 
     from meml.core.config import load_config
-    from meml.training.rl import Method, run_rl
+    from meml.training.rl import Method, RLArgs, RLPaths, RLSettings, run_rl
 
     cfg = load_config()
     settings = dict(cfg["rl"], steps=1, questions_per_step=8, group_size=8, max_new_tokens=args.tokens,
@@ -103,8 +99,9 @@ def _measure_flops(args: argparse.Namespace) -> dict[str, Any]:
     settings["buffer"] = dict(settings["buffer"], capacity=args.buffer)
     counter = FlopCounterMode(display=False)
     with tempfile.TemporaryDirectory() as out, counter:
-        run_rl(settings, Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"]), args.model, args.data,
-               args.experts, out, progress=False)  # fmt: skip
+        meml = Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"])
+        run_rl(RLArgs(RLSettings.from_config(settings), meml), RLPaths(args.model, args.data, args.experts, out),
+               progress=False)  # fmt: skip
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     for _ in range(3):  # warm-up
         a @ b

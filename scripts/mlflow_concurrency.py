@@ -29,8 +29,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
 
 
-def _settings(uri: str, experiment: str) -> dict[str, Any]:
-    return {"enabled": True, "tracking_uri": uri, "experiment": experiment, "artifacts": None}
+def _settings(uri: str, experiment: str) -> Any:
+    from meml.core.tracking import MLflowSettings
+
+    return MLflowSettings(uri, experiment)
 
 
 def _create(uri: str, experiment: str) -> None:

@@ -23,8 +23,8 @@ import torch
 
 
 def sparsity_at_start(sft: Path, data: Path, n_questions: int, settings: dict[str, Any], seed: int) -> dict[str, Any]:
+    from meml.core.config import rollouts_per_expert
     from meml.evaluation.complementarity import sample_correctness
-    from meml.plan.grid import rollouts_per_expert
     from meml.training.rollout import Sampling
 
     sampling = Sampling(int(settings["max_new_tokens"]), float(settings["temperature"]), float(settings["top_p"]))
@@ -67,7 +67,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     from meml.core.config import load_config
-    from meml.training.rl import Method, run_rl
+    from meml.training.rl import Method, RLArgs, RLPaths, RLSettings, run_rl
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", type=Path, required=True)
@@ -91,7 +91,8 @@ def main() -> None:
     curves = {}
     for name in ("MoE-SFT-GRPO", "MEML-GRPO"):
         out = args.out / name
-        run_rl(settings, Method.from_config(name, cfg["methods"][name]), args.sft, data, experts, out, seed=args.seed)
+        method = Method.from_config(name, cfg["methods"][name])
+        run_rl(RLArgs(RLSettings.from_config(settings), method, args.seed), RLPaths(args.sft, data, experts, out))
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [r["reward/mean"] for r in rows]
         w = args.window

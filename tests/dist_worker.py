@@ -10,11 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-from scripted import ScriptedEngine  # expert 1 right, the others wrong: IML and HSFT fire
+from scripted import ScriptedEngine, train  # expert 1 right, the others wrong: IML and HSFT fire
 
 from meml.core.config import load_config
 from meml.core.records import read_records
-from meml.training.rl import Method, run_rl
+from meml.training.rl import Method
 from meml.training.sft import run_sft
 
 
@@ -32,12 +32,12 @@ def main(world: Path, base: Path, out: Path) -> None:
     model = out / "sft" / "model"
     for name in [*cfg["grid"]["methods"], "MoE-SFT-GRPO+DS", "MEML-per_expert"]:
         entry = cfg["methods"][name]
-        run_rl({**settings, **entry.get("rl", {})}, Method.from_config(name, entry), model, data, experts,
+        train({**settings, **entry.get("rl", {})}, Method.from_config(name, entry), model, data, experts,
                out / "rl" / name, progress=False)  # fmt: skip
     answers = {r.question: r.answer for r in read_records(data / "train.jsonl")}
     engine = ScriptedEngine(AutoTokenizer.from_pretrained(model), answers)
     meml = Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"])
-    run_rl(settings, meml, model, data, experts, out / "rl" / "scripted", engine=engine, progress=False)
+    train(settings, meml, model, data, experts, out / "rl" / "scripted", engine=engine, progress=False)
     # each process says it finished; the replicas are compared inside run_rl at every step
     (out / f"rank{rank}.json").write_text(json.dumps({"sft_processes": sft["processes"]}))
 

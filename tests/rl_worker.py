@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.config import load_config
+from meml.core.tracking import MLflowSettings, RunTracking
 from meml.training import checkpoint, rl
 from meml.training.buffer import HardExampleBuffer
 
@@ -78,11 +79,11 @@ def main(model: Path, world: Path, out: Path, store: str, fault: str, engine: st
     settings.update(steps=4, questions_per_step=2, group_size=6, max_new_tokens=16, checkpoint_every=1,
                     rollout_batch_size=36, max_truncated_share=1.0, engine=engine)  # fmt: skip
     settings["buffer"].update(capacity=2)
-    mlflow = {"enabled": True, "tracking_uri": store, "experiment": "faults"}
     method = rl.Method.from_config("MEML-GRPO", cfg["methods"]["MEML-GRPO"])
-    data, experts = world / "data/gsm8k", world / "experts/gsm8k"
-    rl.run_rl(settings, method, model, data, experts, out, seed=1, cell_key=f"faults/{out.name}",
-              params={"cell": "faults"}, mlflow_settings=mlflow, progress=False)  # fmt: skip
+    args = rl.RLArgs(rl.RLSettings.from_config(settings), method, seed=1, params={"cell": "faults"})
+    paths = rl.RLPaths(model, world / "data/gsm8k", world / "experts/gsm8k", out)
+    mlflow = MLflowSettings(store, "faults")
+    rl.run_rl(args, paths, RunTracking(f"faults/{out.name}", args.params, mlflow=mlflow), progress=False)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""A rollout engine with scripted answers, shared by the RL tests and the two-process worker."""
+"""Shared by the RL tests and the two-process worker: a rollout engine with scripted answers, and
+`train`, the tests' shorthand for one RL run."""
 
 from __future__ import annotations
 
@@ -51,3 +52,26 @@ def scripted_engine(model_dir: Path, data_dir: Path) -> ScriptedEngine:
 
     answers = {r.question: r.answer for r in read_records(data_dir / "train.jsonl")}
     return ScriptedEngine(AutoTokenizer.from_pretrained(model_dir), answers)
+
+
+def train(
+    settings: dict[str, Any],
+    method: Any,
+    model: Path,
+    data: Path,
+    experts: Path,
+    out: Path,
+    *,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    precision: Any = None,
+    engine: Any = None,
+    stop_after: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """run_rl with the `rl` section as a config's dict (read into RLSettings here, as the job does)
+    and the four folders in order."""
+    from meml.training.rl import RLArgs, RLPaths, RLSettings, run_rl
+
+    args = RLArgs(RLSettings.from_config(settings), method, seed, precision=precision, params=params or {})
+    return run_rl(args, RLPaths(model, data, experts, out), engine=engine, stop_after=stop_after, progress=progress)

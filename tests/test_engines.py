@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripted import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.core.config import load_config
@@ -18,8 +19,7 @@ from meml.core.precision import resolve
 from meml.data.experts import DEFAULT_PROMPTS
 from meml.data.tiny_models import build_tiny_models, toy_corpus
 from meml.training.engines import make_engine
-from meml.training.rl import Method, run_rl
-from meml.training.rl_settings import RLSettings
+from meml.training.rl import Method
 from meml.training.rollout import (
     HFCopyEngine,
     HFEngine,
@@ -29,6 +29,7 @@ from meml.training.rollout import (
     hf_generation_kwargs,
     vllm_sampling_kwargs,
 )
+from meml.training.rollout_vllm import VLLMSettings
 
 CONFIG = load_config()
 
@@ -132,12 +133,12 @@ def _settings(**changes: object) -> dict:
 def test_rl_with_a_synced_copy_runs_and_a_stale_copy_stops(small_world: Path, model_dir: Path, tmp_path: Path) -> None:
     method = Method.from_config("MEML-GRPO", CONFIG["methods"]["MEML-GRPO"])
     args = (method, model_dir, small_world / "data/gsm8k", small_world / "experts/gsm8k")
-    summary = run_rl(_settings(engine="hf-copy"), *args, tmp_path / "synced", progress=False)
+    summary = train(_settings(engine="hf-copy"), *args, tmp_path / "synced", progress=False)
     assert summary["steps"] == 2 and summary["precision"] == "float32"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with pytest.raises(StaleWeightsError, match="ForgetfulEngine holds other weights"):
-        run_rl(_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(policy, tokenizer, 16), progress=False)
+        train(_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(policy, tokenizer, 16), progress=False)
     # it stops at the first update that changed the weights (a step without any reward signal
     # leaves them as they were, and the copy is not stale yet): never a finished run
     metrics = tmp_path / "stale" / "metrics.jsonl"
@@ -159,7 +160,8 @@ def test_without_vllm_the_project_imports_and_the_engine_explains(
     done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(PROJECT / "pipeline")}, timeout=120)
     assert done.returncode == 0
     monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent: its import fails
+    vllm = VLLMSettings.from_config(CONFIG["rl"]["vllm"])
     with pytest.raises(DataError, match=r"needs vLLM.*scripts/setup\.sh.*pip install -e \.\[gpu\]"):
-        make_engine("vllm", None, model_dir, None, RLSettings.from_config(_settings()), resolve("cpu"), seed=0)
+        make_engine("vllm", None, model_dir, None, 16, vllm, resolve("cpu"), seed=0)
     with pytest.raises(DataError, match=r"'rl\.engine'"):
-        make_engine("sglang", None, model_dir, None, RLSettings.from_config(_settings()), resolve("cpu"), seed=0)
+        make_engine("sglang", None, model_dir, None, 16, vllm, resolve("cpu"), seed=0)

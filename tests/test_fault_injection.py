@@ -36,11 +36,11 @@ def _metrics(run: Path) -> list[dict]:
 def test_killed_and_resumed_run_equals_the_uninterrupted_one(small_world: Path, tmp_path: Path) -> None:
     import mlflow
 
-    from meml.core.tracking import ensure_experiment
+    from meml.core.tracking import MLflowSettings, ensure_experiment
 
     model = build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path / "m", seed=0, vocab_size=400)["llama"]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ensure_experiment({"tracking_uri": store, "experiment": "faults"})  # created once, before the workers
+    ensure_experiment(MLflowSettings(store, "faults"))  # created once, before the workers
     assert _worker(model, small_world, tmp_path / "clean", store, "none") == 0
     faulty = tmp_path / "faulty"
     for fault in FAULTS:

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from meml.plan.grid import rollouts_per_expert
+from meml.core.config import rollouts_per_expert
 from meml.training.buffer import HardExample, HardExampleBuffer
 from meml.training.losses import iml_pairs, subgroup_advantages
 

@@ -116,3 +116,27 @@ def test_results_paths_live_in_the_layout_module() -> None:
             if plain and literal.search(node.value):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_rl_loop_takes_its_run_in_three_types() -> None:
+    """run_rl(args, paths, tracking): what the run is, where it reads and writes, where it reports;
+    the rest are the tests' hooks (an engine, a simulated kill) and the progress bar."""
+    import inspect
+
+    from meml.training.rl import run_rl
+
+    params = inspect.signature(run_rl).parameters
+    assert list(params)[:3] == ["args", "paths", "tracking"] and len(params) <= 6
+    hints = {name: p.annotation for name, p in params.items()}
+    assert (hints["args"], hints["paths"]) == ("RLArgs", "RLPaths") and "RunTracking" in hints["tracking"]
+
+
+def test_the_planner_loads_without_torch() -> None:
+    """The Snakefile imports the planner on every invocation: it asks the RL settings through
+    core/config, never through the training modules that load torch (a second or more each time)."""
+    import subprocess
+    import sys
+
+    code = "import sys, meml.plan.grid, meml.plan.cost, meml.plan.targets; assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=120)
+    assert done.returncode == 0

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT
-from scripted import scripted_engine
+from scripted import scripted_engine, train
 from test_rl import METHODS, tiny_settings
 
 from meml.core.io import DataError, read_jsonl
 from meml.core.tracking import read_metrics
 from meml.training import checkpoint
-from meml.training.rl import Method, run_rl
+from meml.training.rl import Method
 
 
 def _run(world: Path, model: Path, out: Path, **changes: object) -> dict:
@@ -23,7 +23,7 @@ def _run(world: Path, model: Path, out: Path, **changes: object) -> dict:
     engine = scripted_engine(model, data)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     settings = tiny_settings(**changes)
-    return run_rl(settings, method, model, data, world / "experts/gsm8k", out, engine=engine, progress=False,
+    return train(settings, method, model, data, world / "experts/gsm8k", out, engine=engine, progress=False,
                   params={"rl": settings})  # fmt: skip
 
 
@@ -113,7 +113,7 @@ def test_a_damaged_newest_checkpoint_is_skipped(
         data = small_world / "data/gsm8k"
         settings = tiny_settings(steps=3)
         engine = scripted_engine(base_model, data)
-        run_rl(settings, Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"]), base_model, data,
+        train(settings, Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"]), base_model, data,
                small_world / "experts/gsm8k", run, engine=engine, progress=False, params={"rl": settings},
                stop_after=2)  # fmt: skip
     newest = checkpoint.latest(run / "checkpoints")

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 import torch
-from scripted import ScriptedEngine, scripted_engine
+from scripted import ScriptedEngine, scripted_engine, train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from meml.core.config import load_config
+from meml.core.config import load_config, rollouts_per_expert
 from meml.core.environment import weights_sha256
 from meml.core.io import DataError
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS
 from meml.data.tiny_models import build_tiny_models, toy_corpus
-from meml.plan.grid import rollouts_per_expert
-from meml.training.rl import Method, QuestionOrder, run_rl
+from meml.training.groups import QuestionOrder
+from meml.training.rl import Method
 from meml.training.rollout import HFEngine, Sampling
 from meml.training.sft import run_sft
 
@@ -73,7 +73,7 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
     data = small_world / "data/gsm8k"
     engine = scripted_engine(base_model, data)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
-    run_rl(
+    train(
         tiny_settings(),
         method,
         base_model,
@@ -148,7 +148,7 @@ def test_sft_trains_on_assistant_tokens_with_expert_prompts(small_world: Path, s
 )
 def test_every_method_runs_end_to_end(name: str, small_world: Path, sft_model: Path, tmp_path: Path) -> None:
     method = Method.from_config(name, METHODS[name])
-    summary = run_rl(
+    summary = train(
         tiny_settings(),
         method,
         sft_model,
@@ -172,12 +172,12 @@ def test_killed_and_restarted_run_equals_uninterrupted(small_world: Path, sft_mo
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     settings = tiny_settings(steps=4, checkpoint_every=2, updates_per_batch=2)
     args = (method, sft_model, small_world / "data/gsm8k", small_world / "experts/gsm8k")
-    run_rl(settings, *args, tmp_path / "whole", seed=3, progress=False)
+    train(settings, *args, tmp_path / "whole", seed=3, progress=False)
     with pytest.raises(KeyboardInterrupt):
-        run_rl(settings, *args, tmp_path / "killed", seed=3, stop_after=3, progress=False)
+        train(settings, *args, tmp_path / "killed", seed=3, stop_after=3, progress=False)
     assert not (tmp_path / "killed/DONE").exists()
     assert len((tmp_path / "killed/metrics.jsonl").read_text().splitlines()) == 3  # step 3 ran, unsaved
-    run_rl(settings, *args, tmp_path / "killed", seed=3, progress=False)  # the same command again
+    train(settings, *args, tmp_path / "killed", seed=3, progress=False)  # the same command again
     assert _metrics_without_timings(tmp_path / "whole/metrics.jsonl") == _metrics_without_timings(
         tmp_path / "killed/metrics.jsonl"
     )
@@ -193,10 +193,10 @@ def test_changed_values_discard_old_checkpoints(small_world: Path, sft_model: Pa
     old, new = tiny_settings(steps=3, checkpoint_every=1, lr=0.05), tiny_settings(steps=3, checkpoint_every=1)
     args = (method, sft_model, small_world / "data/gsm8k", small_world / "experts/gsm8k")
     with pytest.raises(KeyboardInterrupt):
-        run_rl(old, *args, tmp_path / "run", seed=1, params={"lr": 0.05}, stop_after=2, progress=False)
+        train(old, *args, tmp_path / "run", seed=1, params={"lr": 0.05}, stop_after=2, progress=False)
     assert (tmp_path / "run/checkpoints/step-000002").is_dir()
-    run_rl(new, *args, tmp_path / "fresh", seed=1, params={"lr": new["lr"]}, progress=False)
-    run_rl(new, *args, tmp_path / "run", seed=1, params={"lr": new["lr"]}, progress=False)
+    train(new, *args, tmp_path / "fresh", seed=1, params={"lr": new["lr"]}, progress=False)
+    train(new, *args, tmp_path / "run", seed=1, params={"lr": new["lr"]}, progress=False)
     assert json.loads((tmp_path / "run/cell.json").read_text()) == {"lr": new["lr"]}
     assert _metrics_without_timings(tmp_path / "run/metrics.jsonl") == _metrics_without_timings(
         tmp_path / "fresh/metrics.jsonl"
@@ -272,7 +272,7 @@ def test_dynamic_sampling_replaces_questions_without_reward_spread(
     order = QuestionOrder(len(records), seed=0).take(40)
     method = Method.from_config("DS", {**METHODS["MoE-SFT-GRPO"], "dynamic_sampling": 2})
     engine = HalfRightEngine(AutoTokenizer.from_pretrained(base_model), answers, solvable)
-    run_rl(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", tmp_path, engine=engine,
+    train(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", tmp_path, engine=engine,
            progress=False)  # fmt: skip
     # by hand: the first 2 questions of the order; each round replaces the unsolvable ones with the next ones
     batch, taken, replaced, rounds = order[:2], 2, 0, 0
@@ -300,7 +300,7 @@ def _flush_run(
     settings["buffer"].update(buffer)
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     engine = scripted_engine(base_model, data)
-    run_rl(settings, method, base_model, data, small_world / "experts/gsm8k", out, engine=engine, progress=False)
+    train(settings, method, base_model, data, small_world / "experts/gsm8k", out, engine=engine, progress=False)
     assert json.loads((out / "metrics.jsonl").read_text())["hsft/flushes"] == 1
     return AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
 
@@ -328,7 +328,7 @@ def test_rl_budget_in_epochs_is_counted_on_the_data_sets_size(
     engine = scripted_engine(base_model, data)
     method = Method.from_config("Expert1-SFT-GRPO", METHODS["Expert1-SFT-GRPO"])
     # 60 training questions, 2 a step: 0.05 epochs = 1.5 steps -> 2 (rl.steps 99 is not used)
-    done = run_rl(tiny_settings(steps=99, epochs=0.05), method, base_model, data, small_world / "experts/gsm8k",
+    done = train(tiny_settings(steps=99, epochs=0.05), method, base_model, data, small_world / "experts/gsm8k",
                   tmp_path, engine=engine, progress=False)  # fmt: skip
     assert done["steps"] == 2 and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -336,7 +336,7 @@ def test_rl_budget_in_epochs_is_counted_on_the_data_sets_size(
 def test_rl_refuses_caps_that_cut_the_trajectories(small_world: Path, base_model: Path, tmp_path: Path) -> None:
     method = Method.from_config("MEML-GRPO", METHODS["MEML-GRPO"])
     with pytest.raises(DataError, match=r"'rl.max_new_tokens'.*of expert 0's SFT trajectories are longer than"):
-        run_rl(tiny_settings(max_truncated_share=0.05), method, base_model, small_world / "data/gsm8k",
+        train(tiny_settings(max_truncated_share=0.05), method, base_model, small_world / "data/gsm8k",
                small_world / "experts/gsm8k", tmp_path, progress=False)  # fmt: skip
     assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -381,7 +381,7 @@ class SpreadEngine(ScriptedEngine):
 def _one_step(small_world: Path, base_model: Path, out: Path, engine: Any, **switches: Any) -> dict[str, torch.Tensor]:
     data = small_world / "data/gsm8k"
     method = Method.from_config("m", {**METHODS["MoE-SFT-GRPO"], **switches})
-    run_rl(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", out, engine=engine,
+    train(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", out, engine=engine,
            progress=False)  # fmt: skip
     return AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
 
@@ -408,7 +408,7 @@ def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp
 
 
 def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
-    from meml.training.rl_settings import RLSettings
+    from meml.training.rl import RLSettings
 
     s = RLSettings.from_config(CONFIG["rl"])
     assert (s.steps, s.group_size, s.buffer.capacity, s.epochs) == (3, 8, 8, None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meml.core.tracking import Tracker, flatten, metric_name
+from meml.core.tracking import MLflowSettings, Tracker, flatten, metric_name
 
 
 def test_a_runs_name_starts_with_its_cell() -> None:
@@ -37,12 +37,12 @@ def test_jsonl_is_truncated_to_the_resumed_step(tmp_path: Path) -> None:
 def test_mlflow_run_is_found_again_by_its_cell_key(tmp_path: Path) -> None:
     import mlflow
 
-    settings = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "test"}
+    settings = MLflowSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "test")
     for attempt in range(2):  # a re-run of the same cell
         t = Tracker(tmp_path / "run", "toy/qwen2/gsm8k/MEML-GRPO/seed0", {"rl": {"lr": 1e-4}}, settings)
         t.log(attempt, {"reward/mean": 0.5})
         t.close()
-    mlflow.set_tracking_uri(settings["tracking_uri"])
+    mlflow.set_tracking_uri(settings.tracking_uri)
     runs = mlflow.search_runs(experiment_names=["test"], output_format="list")
     assert len(runs) == 1
     assert runs[0].data.params["rl.lr"] == "0.0001"
@@ -94,13 +94,13 @@ def test_a_run_this_folder_never_wrote_or_of_other_values_is_kept_aside(tmp_path
     import mlflow
     from mlflow.entities import ViewType
 
-    settings = {"enabled": True, "tracking_uri": store, "experiment": "test"}
+    settings = MLflowSettings(store, "test")
     key = "toy/report"
     Tracker(tmp_path / "a", key, {"report": {"margin": 2.0}}, settings).close()
     Tracker(tmp_path / "b", key, {"report": {"margin": 2.0}}, settings).close()  # a fresh folder
     Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # changed values
     Tracker(tmp_path / "b", key, {"report": {"margin": 1.0}}, settings).close()  # the same again: resumed
-    mlflow.set_tracking_uri(settings["tracking_uri"])
+    mlflow.set_tracking_uri(settings.tracking_uri)
     active = mlflow.search_runs(experiment_names=["test"], output_format="list")
     assert [r.data.tags["cell_key"] for r in active] == [key]  # one active run per cell
     current = active[0]
@@ -129,7 +129,7 @@ def test_the_report_puts_the_headline_accuracy_into_the_grouped_view(tmp_path: P
         "profile": "toy", "world": "toy", "mlflow": mlflow_cfg, "grid": {}, "report": {"headline_expert": 2},
         "reward": {"mode": "strict"},
     }  # fmt: skip
-    settings = {**mlflow_cfg, "experiment": "toy"}
+    settings = MLflowSettings(uri, "toy")
     experiment_id = ensure_experiment(settings)
     view = "mlflow.sharedViewState.by-method"
     before = json.loads(mlflow.MlflowClient().get_experiment(experiment_id).tags[view])

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import PROJECT
 from safetensors.torch import load_file
+from scripted import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meml.core.config import load_config
@@ -25,7 +26,7 @@ from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages
 from meml.data.tiny_models import build_tiny_models, toy_corpus
 from meml.training.kv_decode import KVEngine
-from meml.training.rl import Method, run_rl
+from meml.training.rl import Method
 from meml.training.rollout import Sampling, StaleWeightsError, check_synced, prompt_ids
 from meml.training.rollout_vllm import LOGPROB_TOLERANCE, VLLMEngine, VLLMSettings
 from meml.training.scoring import completion_logprobs
@@ -150,7 +151,7 @@ def test_rl_steps_under_vllm_keep_its_log_probs_on_the_policys(
     args = (method, model_dir, small_world / "data/gsm8k", small_world / "experts/gsm8k")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     engine = RecordingEngine(model_dir, tokenizer, CPU, VLLM, seed=0)
-    summary = run_rl(_rl_settings(), *args, tmp_path / "run", engine=engine, progress=False)
+    summary = train(_rl_settings(), *args, tmp_path / "run", engine=engine, progress=False)
     assert summary["steps"] == 3
     # one check before the first step, one after each step's update
     assert len(engine.checks) == 4
@@ -161,7 +162,7 @@ def test_rl_steps_under_vllm_keep_its_log_probs_on_the_policys(
     assert len(set(totals)) == 4, "the policy's weights did not move at every step: the check proved nothing"
 
     with pytest.raises(StaleWeightsError, match="VLLMEngine holds other weights"):
-        run_rl(_rl_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(model_dir, tokenizer, CPU, VLLM, 0),
+        train(_rl_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(model_dir, tokenizer, CPU, VLLM, 0),
                progress=False)  # fmt: skip
     assert not (tmp_path / "stale/DONE").exists()
 
@@ -180,7 +181,7 @@ def test_bf16_rl_steps_run_under_the_kv_engine_and_vllm(
     # qwen2: its q/k/v biases, which vLLM's CPU kernels keep in fp32 while the weights are bf16
     args = (method, models["qwen2"], small_world / "data/gsm8k", small_world / "experts/gsm8k")
     for engine in ("kv", "vllm"):
-        summary = run_rl(_rl_settings(steps=2, engine=engine), *args, tmp_path / engine, precision=bf16, progress=False)
+        summary = train(_rl_settings(steps=2, engine=engine), *args, tmp_path / engine, precision=bf16, progress=False)
         assert summary["steps"] == 2 and summary["precision"] == "bfloat16"
         weights = load_file(str(next((tmp_path / engine / "model").glob("*.safetensors"))))
         assert all(t.dtype == torch.float32 for t in weights.values())  # the master weights stay fp32
@@ -220,7 +221,7 @@ def test_eval_backend_vllm_scores_as_the_kv_backend(models: dict[str, Path], sma
 
     from meml.evaluation.evaluate import evaluate_model
 
-    common = {"limit": 6, "max_new_tokens": 24, "vllm": {**CONFIG["rl"]["vllm"], "max_model_len": 1024}}
+    common = {"limit": 6, "max_new_tokens": 24, "vllm": VLLM}
     kv = evaluate_model(models["qwen2"], "gsm8k", [0, 1], small_world / "data", backend="kv", **common)
     vl = evaluate_model(models["qwen2"], "gsm8k", [0, 1], small_world / "data", backend="vllm", **common)
     assert vl["backend"] == "vllm"
@@ -241,10 +242,10 @@ def _worker(model: Path, world: Path, out: Path, store: str, fault: str) -> subp
 def test_an_rl_run_under_vllm_killed_and_resumed_equals_the_uninterrupted_one(
     models: dict[str, Path], small_world: Path, tmp_path: Path
 ) -> None:
-    from meml.core.tracking import ensure_experiment
+    from meml.core.tracking import MLflowSettings, ensure_experiment
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ensure_experiment({"tracking_uri": store, "experiment": "faults"})
+    ensure_experiment(MLflowSettings(store, "faults"))
     clean = _worker(models["qwen2"], small_world, tmp_path / "clean", store, "none")
     assert clean.returncode == 0, clean.stderr[-3000:]
     killed = _worker(models["qwen2"], small_world, tmp_path / "faulty", store, "rollouts:3")
@@ -273,10 +274,10 @@ def test_two_processes_under_accelerate_each_run_vllm_as_a_data_parallel_rank(
     external launcher as one of two data-parallel ranks; the replicas and buffers stay identical."""
     import socket
 
-    from meml.core.tracking import ensure_experiment
+    from meml.core.tracking import MLflowSettings, ensure_experiment
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ensure_experiment({"tracking_uri": store, "experiment": "faults"})
+    ensure_experiment(MLflowSettings(store, "faults"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

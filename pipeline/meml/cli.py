@@ -232,17 +232,13 @@ def cmd_complementarity(args: argparse.Namespace) -> None:
 
 
 def cmd_mlflow_init(args: argparse.Namespace) -> None:
-    from meml.core.tracking import ensure_experiment, experiment_settings
+    from meml.core.tracking import MLflowSettings, ensure_experiment
 
-    settings = experiment_settings(_config(args))
-    experiment_id = ensure_experiment(settings) if settings["enabled"] else None
-    marker = {
-        "tracking_uri": settings["tracking_uri"],
-        "experiment": settings["experiment"],
-        "experiment_id": experiment_id,
-    }
+    settings = MLflowSettings.of(_config(args))
+    experiment_id = ensure_experiment(settings) if settings.enabled else None
+    marker = {"tracking_uri": settings.tracking_uri, "experiment": settings.experiment, "experiment_id": experiment_id}
     atomic_write_json(args.out, marker)
-    print(f"MLflow experiment {settings['experiment']!r} ({experiment_id}) in {settings['tracking_uri']}")
+    print(f"MLflow experiment {settings.experiment!r} ({experiment_id}) in {settings.tracking_uri}")
 
 
 def cmd_report(args: argparse.Namespace) -> None:

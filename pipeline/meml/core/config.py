@@ -1,5 +1,6 @@
 """Load a YAML config, fill its defaults (config/default.yaml, the one home of every value) through
-config/schema.yaml, and reject unknown keys by name.
+config/schema.yaml, and reject unknown keys by name; compose the RL settings a cell runs with (`rl`,
+the data set's `rl_by_dataset` entry, the method's own `rl`: method_rl).
 
 The same check serves the workflow (pipeline/rules/common.smk) and the CLI.
 """
@@ -111,3 +112,40 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             node = node.setdefault(key, {})
         node[last] = value
     return validate(data, str(p))
+
+
+# The RL settings a cell runs with, composed here and read once into a type by training/rl.py (the
+# planner asks the same questions without loading torch).
+
+
+def rollouts_per_expert(group_size: int, n_experts: int, spread: str, method: str = "<method>") -> list[int]:
+    """`split`: G shared, the first experts get one more (8 over 3 -> 3/3/2); `per_expert`: G each.
+    A split that leaves an expert one rollout is refused: a subgroup of one always has advantage 0,
+    so that expert would get no GRPO gradient at all (8 over 5 experts is 2/2/2/1/1)."""
+    if spread == "per_expert":
+        counts = [group_size] * n_experts
+    elif spread == "split":
+        counts = [group_size // n_experts + (1 if i < group_size % n_experts else 0) for i in range(n_experts)]
+    else:
+        raise DataError(f"unknown rollout spread '{spread}'; known: split, per_expert", None, None, "rl.spread")
+    if min(counts) < 2:
+        raise DataError(
+            f"rl.group_size {group_size} split among {n_experts} experts gives rollouts {counts}: an expert with "
+            f"fewer than 2 rollouts never gets an advantage; raise rl.group_size to {2 * n_experts} or more, "
+            f"set rl.spread: per_expert, or use fewer methods.{method}.rl_experts",
+            None,
+            None,
+            "rl.group_size",
+        )
+    return counts
+
+
+def dataset_rl(cfg: dict[str, Any], dataset: str | None) -> dict[str, Any]:
+    """`rl` with the data set's `rl_by_dataset` entry laid over it (every method's starting point)."""
+    return deep_merge(cfg["rl"], ((cfg.get("rl_by_dataset") or {}).get(dataset) or {}) if dataset else {})
+
+
+def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> dict[str, Any]:
+    """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
+    entry, then the method's own `rl` overrides, each laid over the one before."""
+    return deep_merge(dataset_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})

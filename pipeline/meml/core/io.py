@@ -162,8 +162,8 @@ def run_lock(target: str | os.PathLike[str], folder: bool = True) -> Iterator[No
 
 def locked(out_arg: str, folder: bool = True) -> Callable[[F], F]:
     """Run the decorated stage under `run_lock` of its output (the argument named `out_arg`, a
-    folder or a file). Under `accelerate launch` only the main process (RANK 0) writes, so only it
-    takes the lock."""
+    folder or a file; `paths.out` names an attribute of the argument `paths`). Under `accelerate
+    launch` only the main process (RANK 0) writes, so only it takes the lock."""
     import functools
     import inspect
 
@@ -174,7 +174,11 @@ def locked(out_arg: str, folder: bool = True) -> Callable[[F], F]:
         def inner(*args: Any, **kwargs: Any) -> Any:
             if int(os.environ.get("RANK", "0")) != 0:
                 return fn(*args, **kwargs)
-            with run_lock(signature.bind(*args, **kwargs).arguments[out_arg], folder):
+            name, *attributes = out_arg.split(".")
+            target = signature.bind(*args, **kwargs).arguments[name]
+            for attribute in attributes:
+                target = getattr(target, attribute)
+            with run_lock(target, folder):
                 return fn(*args, **kwargs)
 
         return inner  # type: ignore[return-value]

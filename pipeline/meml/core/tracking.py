@@ -18,6 +18,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,46 @@ from meml.core.io import DataError, atomic_write_text
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+@dataclass(frozen=True)
+class MLflowSettings:
+    """The config's `mlflow` section, read once: every function here takes this, never the dict."""
+
+    tracking_uri: str
+    experiment: str  # the experiment's name: mlflow.experiment, else the profile's
+    enabled: bool = True  # False: each run writes its metrics.jsonl alone
+    artifacts: str | None = None  # the folder the experiment's files go to; None: MLflow's default
+    description: str = ""  # the note on the experiment's page in the UI
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any]) -> MLflowSettings:
+        """One experiment per profile, named after it unless `mlflow.experiment` says otherwise, and
+        described on its page in the UI."""
+        section = cfg["mlflow"]
+        world = "toy world (synthetic data sets, tiny models, CPU)" if cfg["world"] == "toy" else "real data sets"
+        description = (
+            f"MEML-GRPO reproduction, profile '{cfg['profile']}': {world}. One run per cell "
+            "(model x data set x method x seed); group by the tags model, dataset, method, advantage, iml, hsft. "
+            f"Tables and figures: report/{cfg['profile']}/index.md, and the '{cfg['profile']}/report' run's artifacts."
+        )
+        return cls(
+            str(section["tracking_uri"]),
+            str(section["experiment"] or cfg["profile"]),
+            bool(section["enabled"]),
+            section["artifacts"],
+            description,
+        )
+
+
+@dataclass(frozen=True)
+class RunTracking:
+    """Where a training run reports besides its metrics.jsonl: the MLflow run its `key` finds."""
+
+    key: str  # the cell key: one MLflow run per key, found again on a rerun or a resume
+    params: dict[str, Any]  # the MLflow run's params
+    tags: dict[str, str] = field(default_factory=dict)  # the grid's dimensions and the method's switches
+    mlflow: MLflowSettings | None = None  # None (or not enabled): metrics.jsonl only
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -68,27 +109,26 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def ensure_experiment(settings: dict[str, Any]) -> str:
+def ensure_experiment(settings: MLflowSettings) -> str:
     """Point MLflow at the store and return the experiment's id, creating it (with its artifacts in
-    `settings["artifacts"]`, an absolute path) the first time. The DAG calls this once, from one
+    `settings.artifacts`, made absolute) the first time. The DAG calls this once, from one
     process, before parallel jobs start: processes creating a new SQLite store at once corrupt it."""
     import mlflow
 
-    uri = str(settings["tracking_uri"])
+    uri = settings.tracking_uri
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    name = settings["experiment"]
+    name = settings.experiment
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is None:
-        artifacts = settings.get("artifacts")
-        location = (Path(artifacts).resolve() / name).as_uri() if artifacts else None
+        location = (Path(settings.artifacts).resolve() / name).as_uri() if settings.artifacts else None
         experiment_id = str(mlflow.create_experiment(name, artifact_location=location))
     else:
         experiment_id = str(experiment.experiment_id)
     client = mlflow.MlflowClient()
-    if settings.get("description"):  # the UI shows this note on the experiment's page
-        client.set_experiment_tag(experiment_id, "mlflow.note.content", settings["description"])
+    if settings.description:  # the UI shows this note on the experiment's page
+        client.set_experiment_tag(experiment_id, "mlflow.note.content", settings.description)
     # Open on the training runs (MLflow 3's UI otherwise opens a GenAI overview), and a saved view
     # of the runs table grouped by the method tag: the link the end-of-run message prints
     client.set_experiment_tag(experiment_id, "mlflow.experimentKind", "custom_model_development")
@@ -140,14 +180,14 @@ def run_name(cell_key: str) -> str:
     return path
 
 
-def retire_run(settings: dict[str, Any], run_id: str, label: str) -> None:
+def retire_run(settings: MLflowSettings, run_id: str, label: str) -> None:
     """A replaced run leaves the experiment's views: its `cell_key` is retagged
     (`<key>@replaced-<label>`) and it is marked deleted, MLflow's own lifecycle, so no grouped view
     or mean counts it while it stays restorable (`mlflow runs restore --run-id ID`, or the UI's
     deleted runs). The cell's next run is a new MLflow run, which names it in its `replaces` tag."""
     import mlflow
 
-    mlflow.set_tracking_uri(settings["tracking_uri"])
+    mlflow.set_tracking_uri(settings.tracking_uri)
     client = mlflow.MlflowClient()
     try:
         run = client.get_run(run_id)
@@ -175,7 +215,7 @@ def replaced_runs(experiment_id: str, cell_key: str) -> list[str]:
 
 
 def log_to_run(
-    settings: dict[str, Any],
+    settings: MLflowSettings,
     run_id: str,
     metrics: dict[str, float],
     artifacts: list[str | Path] = (),  # type: ignore[assignment]
@@ -183,24 +223,12 @@ def log_to_run(
     """Add metrics and files to an existing run (evaluation results to their cell's RL run)."""
     import mlflow
 
-    mlflow.set_tracking_uri(settings["tracking_uri"])
+    mlflow.set_tracking_uri(settings.tracking_uri)
     client = mlflow.MlflowClient()
     for name, value in metrics.items():
         client.log_metric(run_id, metric_name(name), float(value))
     for path in artifacts:
         client.log_artifact(run_id, str(path))
-
-
-def experiment_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`mlflow`, with the experiment named after the profile unless set: one experiment per profile,
-    described on its page in the UI."""
-    world = "toy world (synthetic data sets, tiny models, CPU)" if cfg["world"] == "toy" else "real data sets"
-    description = (
-        f"MEML-GRPO reproduction, profile '{cfg['profile']}': {world}. One run per cell "
-        "(model x data set x method x seed); group by the tags model, dataset, method, advantage, iml, hsft. "
-        f"Tables and figures: report/{cfg['profile']}/index.md, and the '{cfg['profile']}/report' run's artifacts."
-    )
-    return {**cfg["mlflow"], "experiment": cfg["mlflow"]["experiment"] or cfg["profile"], "description": description}
 
 
 def run_tags(cfg: dict[str, Any], cell: Any) -> dict[str, str]:
@@ -231,7 +259,7 @@ def run_id_beside(run_folder: str | Path) -> str:
     return path.read_text().strip()
 
 
-def log_evaluation(settings: dict[str, Any], run_id: str, block: dict[str, Any], files: list[str | Path]) -> None:
+def log_evaluation(settings: MLflowSettings, run_id: str, block: dict[str, Any], files: list[str | Path]) -> None:
     """An evaluation's accuracies on its cell's RL run, in % as the tables give them, named like the
     training metrics (reward/expert1 in training, eval/expert1/lenient here), and its JSON as an artifact."""
     metrics = {  # in %, as every table shows them
@@ -254,7 +282,7 @@ def log_teacher(
         folder,
         f"{cfg['profile']}/teacher/{dataset}/e{expert}",
         {"teacher": teacher, "dataset": dataset, "expert": expert},
-        experiment_settings(cfg),
+        MLflowSettings.of(cfg),
         tags={
             "teacher_backend": teacher["backend"],
             "teacher_model": str(teacher.get("model") or ""),
@@ -268,7 +296,7 @@ def log_teacher(
 def log_report(cfg: dict[str, Any], folder: Path, written: list[Path]) -> None:
     """The tables and figures as artifacts of one run per profile, found again by its key."""
     tracker = Tracker(
-        folder, f"{cfg['profile']}/report", {"grid": cfg["grid"], "report": cfg["report"]}, experiment_settings(cfg)
+        folder, f"{cfg['profile']}/report", {"grid": cfg["grid"], "report": cfg["report"]}, MLflowSettings.of(cfg)
     )
     for path in written:
         tracker.log_artifact(path)
@@ -286,7 +314,7 @@ class Tracker:
         run_dir: str | Path,
         cell_key: str,
         params: dict[str, Any],
-        mlflow_settings: dict[str, Any] | None = None,
+        mlflow: MLflowSettings | None = None,
         resume_from_step: int = 0,
         tags: dict[str, str] | None = None,
     ) -> None:
@@ -299,9 +327,8 @@ class Tracker:
         self._mlflow: Any = None
         self.run_id: str | None = None
         self.experiment_id: str | None = None
-        settings = mlflow_settings or {}
-        if settings.get("enabled"):
-            self._start_mlflow(cell_key, params, settings, tags or {})
+        if mlflow is not None and mlflow.enabled:
+            self._start_mlflow(cell_key, params, mlflow, tags or {})
 
     def _keep_steps_before(self, step: int) -> None:
         """On resume, drop the lines of steps after the checkpoint: they are about to be redone."""
@@ -310,7 +337,7 @@ class Tracker:
         )
 
     def _start_mlflow(
-        self, cell_key: str, params: dict[str, Any], settings: dict[str, Any], tags: dict[str, str]
+        self, cell_key: str, params: dict[str, Any], settings: MLflowSettings, tags: dict[str, str]
     ) -> None:
         import mlflow
 

@@ -34,6 +34,7 @@ from meml.core.stops import stop_tokens
 from meml.data.experts import DEFAULT_PROMPTS
 from meml.evaluation.lm_tasks import MAX_GEN_TOKS, task_name, write_tasks
 from meml.training.checkpoint import check_model_folder
+from meml.training.rollout_vllm import VLLMSettings
 
 BACKENDS = ("kv", "hf", "vllm")
 TIE_RULE = "invalid answers do not vote; most votes wins; a tie goes to the lowest-numbered expert's answer"
@@ -140,7 +141,7 @@ def rescore(report: dict[str, Any], records: Sequence[Any], cap: int, tokenizer:
 
 
 def _make_model(
-    checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str, vllm: dict[str, Any] | None = None
+    checkpoint: Path, backend: str, batch_size: int, device: str, dtype: str, vllm: VLLMSettings | None = None
 ) -> Any:
     if backend == "kv":  # lm-eval's hf model, generating with the CPU sampling engine (kv_lm.py)
         from meml.evaluation.kv_lm import KVLM
@@ -163,14 +164,15 @@ def _make_model(
             pretrained=str(checkpoint), device=device, dtype=dtype, batch_size=batch_size, **attention_kwargs(device)
         )
     if backend == "vllm":  # lm-eval's own vLLM model, with the settings RL's vLLM engine uses (rl.vllm)
-        from meml.training.rl_settings import VLLMSettings
         from meml.training.rollout_vllm import in_process, require_vllm
 
         with in_process():  # importing vLLM sets variables too
             require_vllm()
             from lm_eval.models.vllm_causallms import VLLM
 
-            kwargs = VLLMSettings.from_config(vllm or {}).llm_kwargs(device)
+            if vllm is None:
+                raise DataError("eval.backend vllm needs rl.vllm's settings (config/default.yaml has them)")
+            kwargs = vllm.llm_kwargs(device)
             return VLLM(pretrained=str(checkpoint), dtype=dtype, batch_size="auto", seed=0, **kwargs)
     raise DataError(f"unknown evaluation backend '{backend}'; known: {', '.join(BACKENDS)}")
 
@@ -189,7 +191,7 @@ def evaluate_model(
     limit: int | None = None,
     world: str = "toy",
     max_new_tokens: int | None = None,
-    vllm: dict[str, Any] | None = None,
+    vllm: VLLMSettings | None = None,
 ) -> dict[str, Any]:
     """Evaluate one model on one data set's test split under each expert's prompt.
     `max_new_tokens` overrides the tasks' generation limit (the tasks allow 384-512); `vllm`: the

@@ -12,7 +12,8 @@ from meml.core.records import check_dataset_name
 from meml.data.experts import prompts_of
 from meml.plan.grid import eval_max_new_tokens
 from meml.plan.layout import Layout
-from meml.training.rl_settings import sampling_of
+from meml.training.rl import sampling_of
+from meml.training.rollout_vllm import VLLMSettings
 
 
 def _data_root(cfg: dict[str, Any], data_root: str | None) -> Path:
@@ -53,11 +54,11 @@ def evaluate(
         limit=given.get("limit", cfg["eval"]["questions"]),
         world="real" if given.get("real") or cfg["world"] == "real" else "toy",
         max_new_tokens=given.get("max_new_tokens", eval_max_new_tokens(cfg, dataset)),
-        vllm=cfg["rl"]["vllm"],
+        vllm=VLLMSettings.from_config(cfg["rl"]["vllm"]),
         mlflow_run_id=run_id,
     )
     if run_id is not None:
-        tracking.log_evaluation(cfg["mlflow"], run_id, report["model"], [out])
+        tracking.log_evaluation(tracking.MLflowSettings.of(cfg), run_id, report["model"], [out])
     return report
 
 

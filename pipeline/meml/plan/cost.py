@@ -70,7 +70,7 @@ def sizes(cfg: dict[str, Any], ds: str) -> tuple[int, int]:
 def rl_work(cfg: dict[str, Any], method: str, a: Assumptions, dataset: str | None = None) -> tuple[float, float]:
     """(generated tokens, trained tokens) of one RL cell (on `dataset`: its rl_by_dataset settings,
     and rl.epochs counted on its training size)."""
-    from meml.training.rl_settings import method_rl
+    from meml.core.config import method_rl
 
     s, sw = method_rl(cfg, method, dataset), cfg["methods"][method]
     experts = len(sw["rl_experts"])

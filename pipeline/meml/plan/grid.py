@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from meml.core.config import dataset_rl, method_rl, rollouts_per_expert
 from meml.core.io import DataError
 from meml.data.tiny_models import folder_name, tiny_arch
-from meml.training.rl_settings import deep_rl, method_rl, rollouts_per_expert
 
 TABLES = ("main", "ablation", "vote", "curves")
 EXTRA_TABLES = ("gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic")
@@ -355,7 +355,7 @@ def check_lengths(cfg: dict[str, Any]) -> None:
     """Evaluation must let an answer run as long as RL does, on every data set."""
     cap = cfg["eval"]["max_new_tokens"]
     for ds in [None, *cfg["grid"]["datasets"]]:
-        rl_cap = int(deep_rl(cfg, ds)["max_new_tokens"])
+        rl_cap = int(dataset_rl(cfg, ds)["max_new_tokens"])
         if cap is not None and int(cap) < rl_cap:
             raise DataError(
                 f"evaluation stops at {cap} tokens but RL{f' on {ds}' if ds else ''} samples {rl_cap}: "
@@ -369,7 +369,7 @@ def check_lengths(cfg: dict[str, Any]) -> None:
 def eval_max_new_tokens(cfg: dict[str, Any], dataset: str) -> int:
     """Evaluation's length cap on a data set: `eval.max_new_tokens`, or (null) the data set's RL cap,
     so an answer may run at evaluation exactly as long as it could in training."""
-    return int(cfg["eval"]["max_new_tokens"] or deep_rl(cfg, dataset)["max_new_tokens"])
+    return int(cfg["eval"]["max_new_tokens"] or dataset_rl(cfg, dataset)["max_new_tokens"])
 
 
 def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
@@ -425,6 +425,6 @@ def _check_rl_by_dataset(cfg: dict[str, Any]) -> None:
 
     schema = config_schema()["properties"]["rl"]
     for dataset in cfg.get("rl_by_dataset") or {}:
-        for err in jsonschema.Draft202012Validator(schema).iter_errors(deep_rl(cfg, dataset)):
+        for err in jsonschema.Draft202012Validator(schema).iter_errors(dataset_rl(cfg, dataset)):
             key = ".".join([f"rl_by_dataset.{dataset}", *(str(p) for p in err.path)])
             raise DataError(f"invalid RL setting: {err.message}", None, None, key)

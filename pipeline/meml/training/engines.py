@@ -10,8 +10,8 @@ from typing import Any
 from meml.core.io import DataError
 from meml.core.precision import Precision
 from meml.training.kv_decode import KVEngine, UnsupportedModel
-from meml.training.rl_settings import RLSettings
 from meml.training.rollout import HFCopyEngine, HFEngine, RolloutEngine
+from meml.training.rollout_vllm import VLLMSettings
 
 ENGINES = ("kv", "hf", "hf-copy", "vllm")
 
@@ -21,12 +21,13 @@ def make_engine(
     policy: Any,
     model_dir: str | Path,
     tokenizer: Any,
-    settings: RLSettings,
+    batch: int,
+    vllm: VLLMSettings,
     precision: Precision,
     seed: int,
     rank: int = 0,
 ) -> RolloutEngine:
-    batch = settings.rollout_batch_size
+    """`batch`: rl.rollout_batch_size, the sequences one call decodes at once; `vllm`: rl.vllm."""
     if name == "kv":
         try:
             return KVEngine(policy, tokenizer, batch, precision)
@@ -39,7 +40,7 @@ def make_engine(
     if name == "vllm":
         from meml.training.rollout_vllm import VLLMEngine
 
-        return VLLMEngine(model_dir, tokenizer, precision, settings.vllm, seed + rank)
+        return VLLMEngine(model_dir, tokenizer, precision, vllm, seed + rank)
     raise DataError(f"unknown rollout engine '{name}'; known: {', '.join(ENGINES)}", None, None, "rl.engine")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core import tracking
+from meml.core.answers import RewardConfig
 from meml.core.io import DataError
 from meml.core.precision import of_config
 from meml.core.records import check_dataset_name
@@ -78,7 +79,7 @@ def rl(
 ) -> tuple[dict[str, Any], Path]:
     """One RL cell: the method's SFT model trained with the method's switches and the data set's
     RL settings, logged to the cell's MLflow run."""
-    from meml.training.rl import run_rl
+    from meml.training.rl import RLArgs, RLPaths, RLSettings, run_rl
 
     check_dataset_name(cell.dataset, "--dataset")
     method = method_of(cfg, cell.method)
@@ -99,27 +100,24 @@ def rl(
     evaluation = layout.eval(cell) if out is None else None
     stale = evaluation if evaluation and evaluation.is_file() and not (run / "DONE").is_file() else None
     asides = set((run / "previous").iterdir()) if (run / "previous").is_dir() else set()
-    summary = run_rl(
-        method_rl(cfg, cell.method, cell.dataset),
+    args = RLArgs(
+        RLSettings.from_config(method_rl(cfg, cell.method, cell.dataset)),
         method,
-        start,
-        layout.data(cfg["world"], cell.dataset, data_folder(cfg, cell.seed)),
-        layout.experts(cfg["world"], cell.dataset, data_folder(cfg, cell.seed)),
-        run,
-        seed=cell.seed,
-        prompts=prompts_of(cfg),
-        reward_mode=cfg["reward"]["mode"],
-        format_bonus=cfg["reward"]["format_bonus"],
-        cell_key=cell_key(cfg, cell),
-        params=params,
-        mlflow_params={
-            "cell": {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed},
-            **params,
-        },
-        mlflow_settings=tracking.experiment_settings(cfg),
-        mlflow_tags=tracking.run_tags(cfg, cell),
-        precision=of_config(cfg),
+        cell.seed,
+        prompts_of(cfg),
+        RewardConfig(cfg["reward"]["mode"], cfg["reward"]["format_bonus"]),
+        of_config(cfg),
+        params,
     )
+    folder = data_folder(cfg, cell.seed)
+    paths = RLPaths(
+        start, layout.data(cfg["world"], cell.dataset, folder), layout.experts(cfg["world"], cell.dataset, folder), run
+    )
+    where = {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed}
+    logged = tracking.RunTracking(
+        cell_key(cfg, cell), {"cell": where, **params}, tracking.run_tags(cfg, cell), tracking.MLflowSettings.of(cfg)
+    )
+    summary = run_rl(args, paths, logged)
     new_aside = sorted(set((run / "previous").iterdir()) - asides) if (run / "previous").is_dir() else []
     if stale is not None and stale.is_file() and new_aside:  # kept with the run it measured
         stale.rename(new_aside[-1] / "eval.json")

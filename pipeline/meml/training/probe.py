@@ -95,9 +95,9 @@ def timed_steps(
     the means, plus peak accelerator memory on a GPU."""
     import torch
 
+    from meml.core.config import method_rl
     from meml.core.precision import of_config
-    from meml.training.rl import Method, run_rl
-    from meml.training.rl_settings import method_rl
+    from meml.training.rl import Method, RLArgs, RLPaths, RLSettings, run_rl
 
     precision = of_config(cfg)
     # a throughput probe on a random-weight model: its length cap is a choice, not a truncation risk
@@ -112,13 +112,10 @@ def timed_steps(
         torch.cuda.reset_peak_memory_stats()
     started = time.time()
     run_rl(
-        settings,
-        Method.from_config(method, cfg["methods"][method]),
-        model_dir,
-        world / "data" / "gsm8k",
-        world / "experts" / "gsm8k",
-        out,
-        precision=precision,
+        RLArgs(
+            RLSettings.from_config(settings), Method.from_config(method, cfg["methods"][method]), precision=precision
+        ),
+        RLPaths(model_dir, world / "data" / "gsm8k", world / "experts" / "gsm8k", out),
         progress=False,
     )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]

@@ -1,6 +1,7 @@
-"""RIEL, the RL stage: one GRPO loop for GRPO, Dr.GRPO and MEML-GRPO.
+"""RIEL, the RL stage: one GRPO loop for GRPO, Dr.GRPO and MEML-GRPO, to read top to bottom:
+the settings (read once from the config into types), what a run holds, the loop, and its steps.
 
-Read it top to bottom. A method is a set of switches (config `methods.<name>`), never a code path:
+A method is a set of switches (config `methods.<name>`), never a code path:
     rl_experts  which experts sample rollouts (one for the Expert1 baselines, three for MoE / MEML)
     advantage   "grpo" (subtract the subgroup mean, divide by its std) or "drgrpo" (no std, constant
                 length normaliser)
@@ -14,62 +15,173 @@ One step, for Q questions and E experts:
     2. every expert e samples n_e rollouts under its own system prompt, all in one batched call
                                                                          -> tensors (Q, E, R)
        `split`: G rollouts shared among the experts (8 -> 3/3/2); `per_expert`: G each
-    3. rewards from the answer checker                                  -> rewards, correct (Q, E, R)
+    3. rewards from the answer checker (a rollout cut at max_new_tokens scores 0)
+                                                                         -> rewards, correct (Q, E, R)
        (dynamic sampling: questions without any reward spread are replaced by fresh ones)
-    4. advantages inside each (question, expert) subgroup                -> (Q, E, R)
+    4. advantages inside each (question, expert) subgroup                -> (Q, E, R), flattened to N
     5. IML pairs: best and worst expert per question, O+ a correct rollout of the best
     6. HSFT: experts failing a question more often than K/G offer it to the buffer; when the buffer
        is full its contents become an SFT batch and it is emptied
     7. `updates_per_batch` optimiser steps on
            L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only)
-    8. metrics; a checkpoint every `checkpoint_every` steps
+    8. metrics; 9. a checkpoint every `checkpoint_every` steps
 
-Steps 1-3 live in groups.py, 4-7 in rl_step.py, 8 in rl_metrics.py; loading, resuming, checkpoints
-and the finished run in rl_run.py. This file is the loop.
+Here: the settings, loading, the loop, steps 4-8. Elsewhere, one idea each: the formulas
+(losses.py), the buffer (buffer.py), steps 1-3 (groups.py), the rollout engines (engines.py), the
+update's log-probs (scoring.py), the run folder's start, resume, checkpoints and finish
+(rl_run.py), several processes (distributed.py), precision (core/precision.py).
 
-Under `accelerate launch` (distributed.py) each process runs this loop on its block of whole
-questions (Q / processes), so steps 4-6 see complete groups; offers to the buffer are gathered,
-gradients averaged, metrics gathered, and the main process alone writes. After each update the
-rollout engine's weights are synced and checked (rollout.check_synced). Precision: precision.py.
+Under `accelerate launch` each process runs this loop on its block of whole questions
+(Q / processes), so steps 4-6 see complete groups; offers to the buffer are gathered, gradients
+averaged, metrics gathered, and the main process alone writes. After each update the rollout
+engine's weights are synced and checked (rollout.check_synced).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
+import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meml.core.answers import RewardConfig
-from meml.core.environment import environment_record
-from meml.core.io import locked
-from meml.core.precision import Precision, resolve
-from meml.core.records import Record
-from meml.core.tracking import Tracker
-from meml.data.experts import DEFAULT_PROMPTS
-from meml.training import rl_run
-from meml.training.distributed import Dist
-from meml.training.groups import Groups, QuestionOrder, sample_groups, sample_step
-from meml.training.rl_metrics import step_metrics
-from meml.training.rl_settings import RLSettings, rollouts_per_expert
-from meml.training.rl_step import (
-    HSFTBatch,
-    advantages_step,
-    completion_logprobs,
-    hsft_step,
-    iml_step,
-    update_step,
-)
-from meml.training.rollout import RolloutEngine, check_synced
+import torch
+from torch import Tensor
 
-__all__ = ["Groups", "Method", "QuestionOrder", "completion_logprobs", "run_rl", "sample_groups"]
+from meml.core.answers import RewardConfig
+from meml.core.attention import attention_kwargs
+from meml.core.config import dataset_rl, rollouts_per_expert
+from meml.core.environment import environment_record
+from meml.core.io import DataError, locked
+from meml.core.precision import Precision, resolve
+from meml.core.records import Record, read_records
+from meml.core.stops import stop_tokens, target_ids
+from meml.core.tracking import RunTracking, Tracker
+from meml.data.experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
+from meml.training import rl_run
+from meml.training.buffer import HardExample, HardExampleBuffer
+from meml.training.distributed import Dist
+from meml.training.engines import make_engine
+from meml.training.groups import Groups, QuestionOrder, Sampled, sample_groups, sample_step
+from meml.training.lengths import check_fits, over_cap_shares
+from meml.training.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
+from meml.training.rollout_vllm import VLLMSettings
+from meml.training.scoring import completion_logprobs
+
+__all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "completion_logprobs", "run_rl", "sampling_of"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Settings: every key read once, here (the defaults live in config/default.yaml alone, so a missing
+# key is an error that names it, never a silent fallback). No raw settings dict goes past these types.
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    capacity: int  # B: a flush (an SFT update) when this many hard examples are held
+    threshold: float  # K/G: an expert failing more than this share of its rollouts offers the question
+    insert_prob: float  # the chance an offered question goes in
+    solution: str  # ground_truth | expert_trajectory: what the SFT update learns
+    update: str  # joint (lambda_sft * L_SFT joins the RL loss) | separate (its own step at sft_lr)
+    sft_lr: float
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """`rl`, with the data set's `rl_by_dataset` entry and the method's own `rl` laid over it
+    (core/config.method_rl)."""
+
+    steps: int
+    epochs: float | None  # passes over the training questions; None: `steps`
+    questions_per_step: int  # Q
+    group_size: int  # G rollouts per question, spread over the experts
+    spread: str  # split: G shared among the experts; per_expert: G each
+    lr: float
+    warmup_steps: int
+    updates_per_batch: int
+    clip_eps: float
+    beta: float  # KL to the reference model (0: none loaded)
+    max_grad_norm: float
+    max_new_tokens: int
+    max_truncated_share: float
+    temperature: float
+    top_p: float
+    lambda_iml: float
+    lambda_sft: float
+    checkpoint_every: int
+    keep_checkpoints: bool  # False: the last checkpoint goes once DONE is written
+    rollout_batch_size: int
+    engine: str
+    buffer: BufferSettings
+    vllm: VLLMSettings  # rl.vllm: the vLLM engine's settings
+
+    @classmethod
+    def from_config(cls, rl: dict[str, Any]) -> RLSettings:
+        def get(section: dict[str, Any], key: str, kind: type, where: str = "rl") -> Any:
+            if key not in section:
+                raise DataError(f"missing RL setting {where}.{key} (config/default.yaml has every key)")
+            value = section[key]
+            return None if value is None else kind(value)
+
+        buffer = rl.get("buffer")
+        if not isinstance(buffer, dict):
+            raise DataError("missing RL setting rl.buffer (config/default.yaml has every key)")
+        return cls(
+            steps=get(rl, "steps", int),
+            epochs=get(rl, "epochs", float),
+            questions_per_step=get(rl, "questions_per_step", int),
+            group_size=get(rl, "group_size", int),
+            spread=get(rl, "spread", str),
+            lr=get(rl, "lr", float),
+            warmup_steps=get(rl, "warmup_steps", int),
+            updates_per_batch=get(rl, "updates_per_batch", int),
+            clip_eps=get(rl, "clip_eps", float),
+            beta=get(rl, "beta", float),
+            max_grad_norm=get(rl, "max_grad_norm", float),
+            max_new_tokens=get(rl, "max_new_tokens", int),
+            max_truncated_share=get(rl, "max_truncated_share", float),
+            temperature=get(rl, "temperature", float),
+            top_p=get(rl, "top_p", float),
+            lambda_iml=get(rl, "lambda_iml", float),
+            lambda_sft=get(rl, "lambda_sft", float),
+            checkpoint_every=get(rl, "checkpoint_every", int),
+            # absent from a job's config when true (the default): cli_config leaves it out, so that
+            # the key's arrival reran no finished cell
+            keep_checkpoints=bool(rl.get("keep_checkpoints", True)),
+            rollout_batch_size=get(rl, "rollout_batch_size", int),
+            engine=get(rl, "engine", str),
+            vllm=VLLMSettings.from_config(rl.get("vllm") or {}),
+            buffer=BufferSettings(
+                capacity=get(buffer, "capacity", int, "rl.buffer"),
+                threshold=get(buffer, "threshold", float, "rl.buffer"),
+                insert_prob=get(buffer, "insert_prob", float, "rl.buffer"),
+                solution=get(buffer, "solution", str, "rl.buffer"),
+                update=get(buffer, "update", str, "rl.buffer"),
+                sft_lr=get(buffer, "sft_lr", float, "rl.buffer"),
+            ),
+        )
+
+    @property
+    def sampling(self) -> Sampling:
+        """How rollouts are sampled: the one place a run's Sampling is built from the config."""
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p)
+
+
+def sampling_of(cfg: dict[str, Any], dataset: str) -> Sampling:
+    """RL's sampling on a data set (rl with its rl_by_dataset entry): what the calibration gate and
+    the complementarity analysis sample with."""
+    return RLSettings.from_config(dataset_rl(cfg, dataset)).sampling
 
 
 @dataclass(frozen=True)
 class Method:
+    """A method's switches (the module's docstring says what each does)."""
+
     name: str
     sft_experts: tuple[int, ...]
     rl_experts: tuple[int, ...]
@@ -91,68 +203,193 @@ class Method:
         )
 
 
-@locked("out_dir")  # one writer per run folder
+@dataclass(frozen=True)
+class RLArgs:
+    """What one RL run is, apart from where it reads and writes (training/jobs.py builds it from
+    the config and the cell)."""
+
+    settings: RLSettings
+    method: Method
+    seed: int = 0
+    prompts: tuple[str, ...] = DEFAULT_PROMPTS  # the experts' system prompts
+    reward: RewardConfig = field(default_factory=RewardConfig)  # the answer checker's mode, a format bonus
+    precision: Precision | None = None  # None: float32 on the CPU
+    # the values that define the cell, kept in cell.json: an old run in the folder is resumed only
+    # when they are unchanged (the rest of the config may change without touching the run)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RLPaths:
+    model: Path  # the model the run starts from (the method's SFT model)
+    data: Path  # the data set's folder: train.jsonl
+    experts: Path  # the experts' SFT trajectories: the length check, and HSFT's expert_trajectory
+    out: Path  # the run's folder: cell.json, metrics.jsonl, checkpoints/, model/, DONE
+
+    def __post_init__(self) -> None:  # str or Path in, Path kept
+        for name in ("model", "data", "experts", "out"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What a run holds across its steps, loaded and checked before the run folder is touched.
+
+
+@dataclass
+class Learner:
+    """The policy and what steps it: the optimisers, the schedule, the frozen reference (beta > 0)."""
+
+    policy: Any
+    reference: Any
+    optimizer: torch.optim.Optimizer
+    sft_optimizer: torch.optim.Optimizer  # rl.buffer.update: separate
+    scheduler: Any
+    precision: Precision
+    pad: int
+
+
+@dataclass
+class Loaded:
+    """What a run holds across its steps."""
+
+    learner: Learner
+    engine: RolloutEngine
+    tokenizer: Any
+    records: list[Record]
+    by_id: dict[str, Record]
+    over_cap: dict[str, float]  # the share of each RL expert's SFT trajectories over max_new_tokens
+    solution: Any  # hard example -> the text HSFT learns
+    buf: HardExampleBuffer
+    order: QuestionOrder
+    stops: Any  # stops.end_of_turn ends a turn
+    steps: int  # the RL budget: rl.steps, or rl.epochs passes over the training questions
+
+    def checkpointed(self) -> dict[str, Any]:
+        """What a checkpoint keeps, by name: each has state_dict and load_state_dict."""
+        learner = self.learner
+        return {
+            "model": learner.policy,
+            "optimizer": learner.optimizer,
+            "sft_optimizer": learner.sft_optimizer,
+            "scheduler": learner.scheduler,
+            "order": self.order,
+            "buffer": self.buf,
+        }
+
+
+def load(args: RLArgs, paths: RLPaths, precision: Precision, dist: Dist, engine: RolloutEngine | None) -> Loaded:
+    """The models, optimisers, engine, data and buffer, seeded; the trajectories' lengths checked
+    against the cap (lengths.check_fits) before anything is written."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    s, experts = args.settings, list(args.method.rl_experts)
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(paths.model)
+    # fp32 master weights in every precision; bf16 runs compute under autocast (precision.py)
+    device = dist.device
+    policy: Any = AutoModelForCausalLM.from_pretrained(paths.model, dtype=torch.float32, **attention_kwargs(device))
+    policy.to(torch.device(dist.device))
+    if precision.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    policy.train()
+    reference: Any = None
+    if s.beta > 0:
+        reference = AutoModelForCausalLM.from_pretrained(
+            paths.model, dtype=precision.torch_dtype(), **attention_kwargs(dist.device)
+        )
+        reference.to(torch.device(dist.device)).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=s.lr, weight_decay=0.0)
+    sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=s.buffer.sft_lr, weight_decay=0.0)
+    warmup = max(1, s.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+    engine = engine or make_engine(
+        s.engine, policy, paths.model, tokenizer, s.rollout_batch_size, s.vllm, precision, args.seed, dist.rank
+    )
+    records = read_records(paths.data / "train.jsonl")
+    by_id = {r.id: r for r in records}
+    over_cap = over_cap_shares(tokenizer, paths.experts, experts, by_id, s.max_new_tokens)
+    check_fits(over_cap, s.max_new_tokens, s.max_truncated_share, paths.experts)
+    return Loaded(
+        Learner(policy, reference, optimizer, sft_optimizer, scheduler, precision, tokenizer.pad_token_id),
+        engine,
+        tokenizer,
+        records,
+        by_id,
+        over_cap,
+        hsft_solutions(s.buffer.solution, records, paths.experts),
+        HardExampleBuffer(s.buffer.capacity, s.buffer.threshold, s.buffer.insert_prob, args.seed),
+        QuestionOrder(len(records), args.seed),  # the same order in every process
+        stop_tokens(tokenizer),
+        s.steps if s.epochs is None else math.ceil(s.epochs * len(records) / s.questions_per_step),
+    )
+
+
+def hsft_solutions(source: str, records: list[Record], experts_dir: Path) -> Any:
+    """O_gt, the solution HSFT learns for a hard example: the ground-truth rationale (default), or
+    the expert's own SFT trajectory for that question when one exists (`expert_trajectory`)."""
+    by_id = {r.id: r for r in records}
+    if source == "ground_truth":
+        return lambda h: by_id[h.question_id].rationale
+    if source != "expert_trajectory":
+        raise DataError(f"unknown HSFT solution source '{source}'; known: ground_truth, expert_trajectory")
+    trajectories: dict[tuple[str, int], str] = {}
+    for path in sorted(experts_dir.glob("e*.jsonl")):
+        for record, k, completion in read_trajectories(path, by_id):
+            trajectories[(record.id, k)] = completion
+    return lambda h: trajectories.get((h.question_id, h.expert), by_id[h.question_id].rationale)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop.
+
+
+@locked("paths.out")  # one writer per run folder
 def run_rl(
-    settings: dict[str, Any],
-    method: Method,
-    model_dir: str | Path,
-    data_dir: str | Path,
-    experts_dir: str | Path,
-    out_dir: str | Path,
+    args: RLArgs,
+    paths: RLPaths,
+    tracking: RunTracking | None = None,
     *,
-    seed: int = 0,
-    prompts: tuple[str, ...] | list[str] = DEFAULT_PROMPTS,
-    reward_mode: str = "lenient",
-    format_bonus: float = 0.0,
-    cell_key: str = "",
-    params: dict[str, Any] | None = None,
-    mlflow_params: dict[str, Any] | None = None,
-    mlflow_settings: dict[str, Any] | None = None,
-    mlflow_tags: dict[str, str] | None = None,
     engine: RolloutEngine | None = None,
-    precision: Precision | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train `model_dir` with RL; writes out_dir/{cell.json, metrics.jsonl, model/, DONE}.
+    """Train `paths.model` with RL; writes paths.out/{cell.json, metrics.jsonl, model/, DONE}.
+    `tracking`: the MLflow run the metrics go to as well (None: metrics.jsonl only); `engine`: a
+    rollout engine to use instead of rl.engine's (tests); `stop_after` simulates a kill (tests).
 
-    Resumes from the newest checkpoint in out_dir/checkpoints that verifies, but only when `params`
-    (the values that define the run, kept in cell.json) are unchanged: otherwise the old files
-    belong to another experiment and are moved into out_dir/previous/ once the new run has been
-    set up and checked (a rerun that fails never costs the finished run). A finished run whose
-    DONE was removed (`snakemake --forcerun`) is trained again, not resumed at its last step. One
-    process at a time may write the folder (io.run_lock). Under `accelerate launch` each process
-    trains a replica on its share of the questions (distributed.py); one process runs alone
-    otherwise. `stop_after` simulates a kill (tests)."""
+    Resumes from the newest checkpoint that verifies, but only when `args.params` are unchanged:
+    otherwise the old files belong to another experiment and are moved into out/previous/ once the
+    new run has been set up and checked (a rerun that fails never costs the finished run). A
+    finished run whose DONE was removed (`snakemake --forcerun`) is trained again, not resumed at
+    its last step. One process at a time may write the folder (io.run_lock)."""
     from tqdm import tqdm
 
-    precision = precision or resolve("cpu")
+    s, method, out = args.settings, args.method, paths.out
+    precision = args.precision or resolve("cpu")
     dist = Dist.from_env(precision.device)
-    out = Path(out_dir)
-    if rl_run.same_params(out, params) and (out / "DONE").is_file():
+    if rl_run.same_params(out, args.params) and (out / "DONE").is_file():
         return dict(json.loads((out / "DONE").read_text()))
-    s = RLSettings.from_config(settings)  # every key read here, once
-    Q, G, experts = s.questions_per_step, s.group_size, list(method.rl_experts)
-    counts = rollouts_per_expert(G, len(experts), s.spread)  # n_e rollouts of expert e; R = max(counts)
-    reward_config = RewardConfig(reward_mode, format_bonus)
+    tracking = tracking or RunTracking(method.name, args.params)
+    Q, experts = s.questions_per_step, list(method.rl_experts)
+    counts = rollouts_per_expert(s.group_size, len(experts), s.spread)  # n_e rollouts of expert e; R = max(counts)
 
     # load and check everything that can fail, then start (or resume) in the folder
-    run = rl_run.load(s, experts, model_dir, data_dir, experts_dir, seed, precision, dist, engine)
-    rl_run.start(out, params, run.steps, mlflow_settings, dist)
-    first = rl_run.resume(run, out, seed, dist)
+    run = load(args, paths, precision, dist, engine)
+    rl_run.start(out, args.params, run.steps, tracking.mlflow, dist)
+    first = rl_run.resume(out, run.checkpointed(), args.seed, dist)
     if first and dist.is_main:  # the job's log says so: after a cancelled or killed job, no step is redone
         print(f"[meml] resuming {out} at step {first} of {run.steps} (its newest checkpoint)", file=sys.stderr)
     policy = run.learner.policy
     run.engine.sync_weights(policy)
     check_synced(run.engine, policy)
-    environment = environment_record(model_dir, precision.device)  # DONE and MLflow params: core/environment.py
-    logged = {**(mlflow_params or params or {}), "environment": environment}
+    environment = environment_record(paths.model, precision.device)  # DONE and MLflow params
     tracker = None
     if dist.is_main:
-        tracker = Tracker(out, cell_key or method.name, logged, mlflow_settings, first, tags=mlflow_tags)
+        logged = {**tracking.params, "environment": environment}
+        tracker = Tracker(out, tracking.key, logged, tracking.mlflow, first, tags=tracking.tags)
 
     def sample(batch: list[Record]) -> Groups:  # rollouts of every RL expert, scored  (Qp, E, R)
-        return sample_groups(run.engine, run.tokenizer, batch, experts, counts, s.sampling, prompts, reward_config)
+        return sample_groups(run.engine, run.tokenizer, batch, experts, counts, s.sampling, args.prompts, args.reward)
 
     shown = progress and dist.is_main
     bar = tqdm(range(first, run.steps), desc=f"RL {method.name}", initial=first, total=run.steps, disable=not shown)
@@ -164,13 +401,9 @@ def run_rl(
         # 4. advantages inside each (question, expert) subgroup, flattened          (N,) sequences
         seqs = advantages_step(groups, counts, method.advantage, run.stops.end_of_turn)
         # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
-        iml = iml_step(groups, method.iml, random.Random(f"iml-{seed}-{step}-{dist.rank}"))
+        iml = iml_step(groups, method.iml, random.Random(f"iml-{args.seed}-{step}-{dist.rank}"))
         # 6. HSFT: failures offered to the buffer (identical in every process); a full one is drained
-        hsft = HSFTBatch()
-        if method.hsft:
-            hsft = hsft_step(
-                run.buf, groups, experts, counts, dist, run.by_id, run.solution, run.tokenizer, prompts, run.stops
-            )
+        hsft = hsft_step(run, groups, experts, counts, dist, args.prompts) if method.hsft else HSFTBatch()
         # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
         stats = update_step(run.learner, s, method.advantage, seqs, iml, hsft, dist)
         run.engine.sync_weights(policy)
@@ -184,10 +417,274 @@ def run_rl(
         # 9. a checkpoint every checkpoint_every steps and at the end
         done_steps = step + 1
         if done_steps % s.checkpoint_every == 0 or done_steps == run.steps:
-            rl_run.save(run, out, done_steps, dist, tracker)
+            rl_run.save(out, done_steps, run.checkpointed(), dist, tracker)
         if stop_after is not None and done_steps >= stop_after and done_steps < run.steps:
             if tracker is not None:
                 tracker.close("KILLED")
             raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
 
-    return rl_run.finish(run, out, method.name, precision, dist, tracker, environment, s.keep_checkpoints)
+    summary = {
+        "method": method.name,
+        "steps": run.steps,
+        "processes": dist.world,
+        "precision": precision.dtype,
+        "trajectories_over_max_new_tokens": run.over_cap,
+    }
+    return rl_run.finish(out, run.tokenizer, policy, summary, environment, dist, tracker, s.keep_checkpoints)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steps 4-8: from scored rollouts to an optimiser step and the step's metrics.
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Step 4's output: the N valid rollouts, flattened in (question, expert, rollout) order."""
+
+    cells: list[tuple[int, int, int]]  # (q, e, r) of each sequence
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    advantages: Tensor  # (N,)
+
+
+def advantages_step(groups: Groups, counts: list[int], advantage: str, end_of_turn: int) -> Sequences:
+    """4. Advantages inside each (question, expert) subgroup (Q, E, R), flattened to N sequences
+    (an empty completion is scored as the end-of-turn token alone)."""
+    advantages = subgroup_advantages(groups.rewards, groups.valid, advantage)  # (Q, E, R)
+    Q, E = len(groups.records), len(counts)
+    cells = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
+    return Sequences(
+        cells,
+        [groups.prompt[q][e] for q, e, _ in cells],
+        [groups.completions[q][e][r].token_ids or [end_of_turn] for q, e, r in cells],
+        torch.tensor([float(advantages[q, e, r]) for q, e, r in cells]),
+    )
+
+
+@dataclass(frozen=True)
+class IMLBatch:
+    """Step 5's output: for each pair, the worst expert's prompt and the best expert's rollout (its
+    score under the best expert's own prompt is its row of the policy pass)."""
+
+    pairs: list[Any]
+    weak: list[list[int]] = field(default_factory=list)  # the same question under the worst
+    tokens: list[list[int]] = field(default_factory=list)  # O+, a correct rollout of the best
+
+
+def iml_step(groups: Groups, enabled: bool, tie_break: random.Random) -> IMLBatch:
+    """5. Best and worst expert per question (whole groups: one process each)."""
+    if not enabled:
+        return IMLBatch([])
+    pairs = iml_pairs(groups.rewards, groups.correct, groups.valid, tie_break)
+    return IMLBatch(
+        pairs,
+        [groups.prompt[p.question][p.worst] for p in pairs],
+        [groups.completions[p.question][p.best][p.rollout].token_ids for p in pairs],
+    )
+
+
+@dataclass(frozen=True)
+class HSFTBatch:
+    """Step 6's output: what the buffer took, what it gave up, and this process's SFT examples."""
+
+    inserted: int = 0
+    drained: list[HardExample] = field(default_factory=list)  # the whole flush (every process)
+    prompts: list[list[int]] = field(default_factory=list)  # this process's share
+    targets: list[list[int]] = field(default_factory=list)
+
+
+def hsft_step(
+    run: Loaded, groups: Groups, experts: list[int], counts: list[int], dist: Dist, prompts: tuple[str, ...]
+) -> HSFTBatch:
+    """6. Each expert failing a question more often than K/G offers it (counts, so the threshold is
+    exact); every process offers all processes' questions, so the buffers stay identical. A full
+    buffer is drained into an SFT batch, shared among the processes."""
+    offers = [  # (question, expert, failures, rollouts)
+        (record.id, k, counts[e] - int(groups.correct[q, e, : counts[e]].sum()), counts[e])
+        for q, record in enumerate(groups.records)
+        for e, k in enumerate(experts)
+    ]
+    inserted = 0
+    for question_id, k, failures, n in [o for part in dist.gather(offers) for o in part]:
+        inserted += run.buf.offer(HardExample(question_id, k), failures, n)
+    if not run.buf.full:
+        return HSFTBatch(inserted)
+    drained = run.buf.drain()
+    mine = drained[dist.rank :: dist.world]
+    return HSFTBatch(
+        inserted,
+        drained,
+        [prompt_ids(run.tokenizer, chat_messages(run.by_id[h.question_id], h.expert, prompts)) for h in mine],
+        [target_ids(run.tokenizer, run.solution(h), run.stops) for h in mine],
+    )
+
+
+def update_step(
+    learner: Learner, s: RLSettings, advantage: str, seqs: Sequences, iml: IMLBatch, sft: HSFTBatch, dist: Dist
+) -> dict[str, float]:
+    """7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
+    (L_SFT on the first update only, under rl.buffer.update: joint); under `separate` the drained
+    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses."""
+    policy, pad, precision = learner.policy, learner.pad, learner.precision
+    old_logp = ref_logp = None
+    with torch.no_grad(), precision.autocast():
+        if s.updates_per_batch > 1:
+            old_logp, _, _ = completion_logprobs(policy, seqs.prompts, seqs.completions, pad)
+        if learner.reference is not None:
+            ref_logp, _, _ = completion_logprobs(learner.reference, seqs.prompts, seqs.completions, pad)
+    stats: dict[str, float] = {}
+    n = len(seqs.prompts)
+    strong_rows = [seqs.cells.index((p.question, p.best, p.rollout)) for p in iml.pairs]  # O+ is a policy row
+    for update in range(s.updates_per_batch):
+        with precision.autocast():
+            # one scoring call for every row that takes a gradient: the policy's rollouts, then
+            # O+ under the worst expert's prompt (IML), then the drained buffer (HSFT, first update
+            # only); each distinct prompt runs once (scoring.py)
+            with_sft = bool(sft.prompts) and update == 0 and s.buffer.update == "joint"
+            prompts = seqs.prompts + iml.weak + (sft.prompts if with_sft else [])
+            targets = seqs.completions + iml.tokens + (sft.targets if with_sft else [])
+            all_logp, all_mask, all_entropy = completion_logprobs(policy, prompts, targets, pad, with_entropy=True)
+            t_policy = max(len(c) for c in seqs.completions)
+            logp, mask = all_logp[:n, :t_policy], all_mask[:n, :t_policy]
+            assert all_entropy is not None
+            entropy = all_entropy[:n, :t_policy]
+            pl = policy_loss(
+                logp,
+                logp.detach() if old_logp is None else old_logp,
+                seqs.advantages.to(logp.device),
+                mask,
+                advantage,
+                s.clip_eps,
+                s.max_new_tokens,
+                ref_logp,
+                s.beta,
+            )
+            loss = pl.loss
+            l_iml = torch.zeros((), device=loss.device)
+            if iml.pairs:
+                # the strong side, log p(O+ | Q, P_best), is O+'s own row of the policy pass (the
+                # same weights; the loss stops its gradient)
+                m = len(iml.pairs)
+                weak, iml_mask = all_logp[n : n + m], all_mask[n : n + m]
+                strong = torch.zeros_like(weak)
+                for i, row in enumerate(strong_rows):
+                    length = len(iml.tokens[i])
+                    assert seqs.completions[row] == iml.tokens[i]  # the same tokens, scored under P_best
+                    strong[i, :length] = all_logp[row, :length]
+                l_iml = iml_loss(strong, weak, iml_mask)
+                loss = loss + s.lambda_iml * l_iml
+            l_sft = torch.zeros((), device=loss.device)
+            if with_sft:
+                start = n + len(iml.pairs)
+                l_sft = sft_loss(all_logp[start:], all_mask[start:])
+                loss = loss + s.lambda_sft * l_sft
+        learner.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        dist.average_gradients(policy)  # the replicas take the same step
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
+        learner.optimizer.step()
+        learner.scheduler.step()
+        if update == 0:
+            assert entropy is not None
+            stats = {
+                "loss/policy": pl.loss.item(),
+                "loss/total": loss.item(),
+                "loss/iml": l_iml.item(),
+                "loss/sft": l_sft.item(),
+                "kl": pl.kl,
+                "clip_fraction": pl.clip_fraction,
+                "entropy": float((entropy.detach() * mask).sum() / mask.sum()),
+                "grad_norm": float(grad_norm),
+            }
+    if sft.drained and s.buffer.update == "separate":  # every process steps (its share may be empty)
+        stats["loss/sft"] = _separate_sft_step(learner, s, sft, dist)
+    return stats
+
+
+def _separate_sft_step(learner: Learner, s: RLSettings, sft: HSFTBatch, dist: Dist) -> float:
+    policy = learner.policy
+    with learner.precision.autocast():
+        if sft.prompts:
+            sft_logp, sft_mask, _ = completion_logprobs(policy, sft.prompts, sft.targets, learner.pad)
+            l_sft = sft_loss(sft_logp, sft_mask)
+        else:  # a zero loss that still touches every weight, so the gradient averaging matches
+            device = next(policy.parameters()).device
+            l_sft = sum((p.sum() * 0 for p in policy.parameters()), torch.zeros((), device=device))
+    learner.sft_optimizer.zero_grad(set_to_none=True)
+    l_sft.backward()
+    dist.average_gradients(policy)
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
+    learner.sft_optimizer.step()
+    return float(l_sft.item())
+
+
+def step_metrics(
+    dist: Dist,
+    run: Loaded,
+    sampled: Sampled,
+    seqs: Sequences,
+    iml: IMLBatch,
+    hsft: HSFTBatch,
+    experts: list[int],
+    counts: list[int],
+    stats: dict[str, float],
+    seconds: float,
+    rollout_seconds: float,
+) -> dict[str, float]:
+    """8. One step's metrics over every process's questions. `stats`: this process's losses
+    (averaged over the processes here). Names: reward/*, accuracy/mean; subgroups/all_wrong (the
+    share of (question, expert) subgroups with no correct rollout: where plain GRPO has no gradient)
+    and per expert; iml/pairs; hsft/*; completion/* (length, finished share, truncated share per
+    expert); dynamic/*; perf/* (seconds: the only values that differ between identical runs)."""
+    E, groups, buf, policy = len(experts), sampled.groups, run.buf, run.learner.policy
+    completions, cells = groups.completions, seqs.cells
+    rewards, correct, valid = (torch.cat(dist.gather(t)) for t in (groups.rewards, groups.correct, groups.valid))
+    group_sizes = [n for part in dist.gather([sum(map(len, c)) for c in completions]) for n in part]
+    tokens = sum(dist.gather(sum(len(completions[q][e][r].token_ids) for q, e, r in cells)))
+    finished = sum(dist.gather(sum(completions[q][e][r].finished for q, e, r in cells)))
+    per_process = dist.gather(stats)  # losses of each process's share, averaged
+    metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
+    for e, k in enumerate(experts):
+        sub = correct[:, e, : counts[e]].float().mean(-1)  # (Q,) success rate of each subgroup
+        metrics[f"reward/expert{k}"] = float(rewards[:, e, : counts[e]].mean())
+        metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
+        metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
+        # the share of the expert's rollouts cut at max_new_tokens (a cut answer scores 0)
+        ends = [completions[q][e][r].finished for q, ee, r in cells if ee == e]
+        done, total = sum(dist.gather(sum(ends))), sum(dist.gather(len(ends)))
+        metrics[f"completion/truncated/expert{k}"] = 1.0 - done / total if total else 0.0
+    question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
+    all_wrong = torch.stack([(correct[:, e, : counts[e]].float().mean(-1) == 0) for e in range(E)])
+    metrics.update(
+        {
+            "subgroups/all_wrong": float(all_wrong.float().mean()),
+            "questions/none_correct": float((~question_any).float().mean()),
+            "rollouts/sampled": float(sampled.rollouts),
+            # the rollouts IML and the buffer saw per question: G for every question (one process each)
+            "groups/rollouts_min": float(min(group_sizes)),
+            "groups/rollouts_max": float(max(group_sizes)),
+            "dynamic/replaced": float(sampled.replaced),
+            "dynamic/rounds": float(sampled.rounds),
+            "iml/pairs": float(sum(dist.gather(len(iml.pairs)))),
+            "hsft/inserted": float(hsft.inserted),
+            "hsft/buffer_fill": float(len(buf.items)),
+            "hsft/flushes": float(buf.flushes),
+            "hsft/sft_examples": float(len(hsft.drained)),
+            "completion/length_mean": tokens / (len(cells) * dist.world),
+            "prompt/length_mean": statistics.fmean(len(p) for p in seqs.prompts),
+            "completion/finished_fraction": finished / (len(cells) * dist.world),
+            "perf/step_seconds": seconds,
+            "perf/rollout_seconds": rollout_seconds,
+            "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),
+            "lr": float(run.learner.scheduler.get_last_lr()[0]),
+            **{k: statistics.fmean(p[k] for p in per_process) for k in stats},
+        }
+    )
+    if dist.world > 1:  # the replicas and their buffers must stay identical after every step
+        prints = dist.gather(weights_fingerprint(policy.named_parameters(), "float64"))
+        # what each buffer holds, and what it gave to SFT this step (a full buffer empties itself)
+        buffers = dist.gather([[(h.question_id, h.expert) for h in part] for part in (buf.items, hsft.drained)])
+        metrics["dist/processes"] = float(dist.world)
+        metrics["dist/replicas_identical"] = float(all(p == prints[0] for p in prints))
+        metrics["dist/buffers_identical"] = float(all(b == buffers[0] for b in buffers))
+    return metrics

@@ -29,13 +29,13 @@ import os
 import random
 import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
 from meml.core.precision import Precision
 from meml.core.stops import stop_tokens
-from meml.training.rl_settings import VLLMSettings
 from meml.training.rollout import Completion, Sampling, StaleWeightsError, vllm_sampling_kwargs
 
 INSTALL_HINT = (
@@ -52,6 +52,41 @@ LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 PROBE_TOKENS = 48
 FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
          "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """`rl.vllm`, read once: vLLM's settings for RL rollouts and for evaluation."""
+
+    gpu_memory_utilization: float  # GPU: vLLM's share of the GPU's memory beside the trained policy
+    max_model_len: int | None  # the longest prompt + completion vLLM plans for; None: the model's own
+    cpu_kv_cache_gib: float  # CPU: the KV cache's size (on a CPU vLLM would otherwise ask for a share of all RAM)
+    enforce_eager: bool | None  # None: eager on a CPU (starts in seconds), compiled with CUDA graphs on a GPU
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> VLLMSettings:
+        for key in ("gpu_memory_utilization", "max_model_len", "cpu_kv_cache_gib", "enforce_eager"):
+            if key not in section:
+                raise DataError(f"missing vLLM setting rl.vllm.{key} (config/default.yaml has every key)")
+        eager = section["enforce_eager"]
+        return cls(
+            float(section["gpu_memory_utilization"]),
+            None if section["max_model_len"] is None else int(section["max_model_len"]),
+            float(section["cpu_kv_cache_gib"]),
+            None if eager is None else bool(eager),
+        )
+
+    def llm_kwargs(self, device: str) -> dict[str, Any]:
+        """The arguments of vllm.LLM that depend on the device."""
+        eager = (device == "cpu") if self.enforce_eager is None else self.enforce_eager
+        out: dict[str, Any] = {"enforce_eager": eager}
+        if self.max_model_len is not None:
+            out["max_model_len"] = self.max_model_len
+        if device == "cpu":
+            out["kv_cache_memory_bytes"] = int(self.cpu_kv_cache_gib * 2**30)
+        else:
+            out["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return out
 
 
 def require_vllm() -> Any:
