@@ -83,9 +83,9 @@ def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from meml.training.rl import completion_logprobs
     from meml.training.rollout import StaleWeightsError
     from meml.training.rollout_vllm import VLLMEngine, VLLMSettings
+    from meml.training.scoring import completion_logprobs
 
     precision = of_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

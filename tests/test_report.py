@@ -335,6 +335,26 @@ def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
     )
 
 
+def test_a_replicate_of_another_design_is_refused(tmp_path: Path) -> None:
+    """A copy of the study's recipe with one key changed names the old runs as its replicates: their
+    cells were trained with other values (cell.json), so they are refused, by name, not pooled."""
+    cfg = _config(**{"report.replicates": ["t2"]})
+    results = tmp_path / "results"
+    for run, lr in (("t", 1e-4), ("t2", 2e-4)):
+        _write_results(cfg, results / run)
+        cell = results / run / "rl/qwen2/gsm8k/MoE+HSFT/seed0"
+        cell.mkdir(parents=True, exist_ok=True)
+        (cell / "cell.json").write_text(json.dumps({"method": "MoE+HSFT", "rl": {"lr": lr}}))
+    with pytest.raises(DataError, match=r"replicate 't2' is not this grid run again.*\(rl\)") as err:
+        build(cfg, results / "t", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    assert err.value.field == "report.replicates" and "MoE+HSFT/seed0/cell.json" in str(err.value)
+    (results / "t2/rl/qwen2/gsm8k/MoE+HSFT/seed0/cell.json").write_text(
+        (results / "t/rl/qwen2/gsm8k/MoE+HSFT/seed0/cell.json").read_text()
+    )
+    build(cfg, results / "t", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")  # the same values
+    assert (tmp_path / "report" / "tables" / "replication.md").is_file()
+
+
 @pytest.mark.parametrize(
     ("seeds_vary", "models"),
     [(["rl"], ["qwen2"]), (["sft", "rl"], ["qwen2"]), (["pretrain", "sft", "rl"], ["qwen2"]),

@@ -239,7 +239,7 @@ def test_rl_command_runs_a_method_with_its_own_rl_settings(small_world: Path, sf
 
 
 def test_informative_groups_by_hand() -> None:
-    from meml.training.rl import Groups
+    from meml.training.groups import Groups
 
     # question 0: expert 0 has 1/0 (spread); question 1: every slot 0; question 2: all 1 but a padded slot
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 0.0]]])
@@ -349,7 +349,7 @@ def test_completion_logprobs_are_the_next_token_log_probs_of_each_completion(
     len(prompt) + j - 1. Checked against one unpadded forward pass per row, for rows of different
     lengths given longest first (so the length sort reorders them), scored one, two or all rows a
     pass (right-padded, logits only from the shortest prompt on): each row comes back in its place."""
-    from meml.training.rl import completion_logprobs
+    from meml.training.scoring import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(base_model).eval()
     prompts = [[5, 9, 14, 3, 6, 6], [5, 9, 14, 3], [7, 2], [13]]

@@ -149,10 +149,8 @@ def test_the_end_message_names_a_tracking_server_and_links_its_view(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results/smoke").mkdir(parents=True)
     (tmp_path / "results/smoke/mlflow_experiment.json").write_text('{"experiment_id": "7"}')
-    cfg = {
-        "profile": "smoke",
-        "mlflow": {"enabled": True, "tracking_uri": "http://mlflow.example:5000/", "experiment": None},
-    }
+    server = {"enabled": True, "tracking_uri": "http://mlflow.example:5000/", "experiment": None, "artifacts": None}
+    cfg = {"profile": "smoke", "world": "toy", "mlflow": server}
     text = message(cfg)
     assert "the tracking server http://mlflow.example:5000/ (experiment 'smoke')" in text
     assert "open http://mlflow.example:5000/#/experiments/7/runs?viewStateShareKey=by-method" in text

@@ -95,6 +95,6 @@ def teach(cfg: dict[str, Any], dataset: str, expert: int, root: Path) -> dict[st
         )
         if server is not None:  # what the server answered, beside the stats it should match
             atomic_write_json(root / "experts" / dataset / f"e{expert}.standin.json", server.answered)
-    if cfg["mlflow"]["enabled"]:
+    if tracking.MLflowSettings.of(cfg).enabled:
         tracking.log_teacher(cfg, root / "teacher_runs" / dataset / f"e{expert}", dataset, expert, settings, summary)
     return summary

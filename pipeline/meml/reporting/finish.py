@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from meml.core.tracking import grouped_view_url
+from meml.core.tracking import MLflowSettings, grouped_view_url
 from meml.plan.layout import Layout, report_dir
 
 
@@ -48,10 +48,11 @@ def message(cfg: dict[str, Any]) -> str:
         "  HTML report:  .venv/bin/snakemake --report report/report.html"
         + ("" if profile == "toy" else " --configfile <your config>"),
     ]
-    if cfg["mlflow"]["enabled"]:
-        uri = cfg["mlflow"]["tracking_uri"]
+    mlflow = MLflowSettings.of(cfg)
+    if mlflow.enabled:
+        uri = mlflow.tracking_uri
         server = uri.startswith(("http://", "https://"))  # a tracking server: its UI is already up
-        experiment = f"(experiment '{cfg['mlflow']['experiment'] or profile}')"
+        experiment = f"(experiment '{mlflow.experiment}')"
         if server:
             lines.append(f"  MLflow:       the tracking server {uri} {experiment}")
         else:

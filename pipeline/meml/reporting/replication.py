@@ -13,16 +13,20 @@ something the intervals leave out; that is the question the table is for.
 
 `report.replicates` names the other runs' profiles; their results must already be on disk
 (results/<profile>/eval/...), written by the same grid (a run of the same config with another
-`seed` and `profile`). The table is `replication` in the report's tables and a section of its index.
+`seed` and `profile`): a replicate whose RL cells were trained with other values (their cell.json)
+is refused by name. The table is `replication` in the report's tables and a section of its index.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
+from meml.plan.grid import cells
+from meml.plan.layout import Layout
 from meml.reporting import stats
 from meml.reporting.results import Results
 from meml.reporting.summary import Comparison, Summary, as_record, decide, load_claims
@@ -43,8 +47,30 @@ def run_folders(cfg: dict[str, Any], root: Path) -> list[tuple[str, Path]]:
                 None,
                 "report.replicates",
             )
+        check_same_design(cfg, root, name, folder)
         folders.append((name, folder))
     return folders
+
+
+def check_same_design(cfg: dict[str, Any], root: Path, name: str, folder: Path) -> None:
+    """A replicate is this config run again from another base seed: each RL cell's values
+    (cell.json: everything that defines its result but the base seed) must equal this run's. A copy
+    of a study's recipe with one key changed would otherwise pool the old runs into the new report."""
+    for cell in cells(cfg):
+        mine, theirs = Layout(root).rl(cell) / "cell.json", Layout(folder).rl(cell) / "cell.json"
+        if not (mine.is_file() and theirs.is_file()):
+            continue
+        a, b = json.loads(mine.read_text()), json.loads(theirs.read_text())
+        if a != b:
+            keys = ", ".join(sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)))
+            raise DataError(
+                f"replicate '{name}' is not this grid run again: its cell {cell.path} was trained with other "
+                f"values ({keys}); a replicate is the same config with another `seed` and `profile` (remove it "
+                "from report.replicates, or run it again with this config)",
+                theirs,
+                None,
+                "report.replicates",
+            )
 
 
 def _pooled(summary: Summary, runs: list[Comparison], measure: str, chance: float) -> tuple[Comparison, stats.Pooled]:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from meml.core.io import DataError, atomic_write_json, atomic_write_text
+from meml.core.tracking import MLflowSettings, log_report
 from meml.data.experts import prompts_of
 from meml.plan import grid
 from meml.plan.layout import Layout
@@ -135,9 +136,9 @@ def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out:
     lines += ["", "## Tables in full", ""]
     for t in tables:
         lines += [to_markdown(t), ""]
-    experiment = cfg["mlflow"]["experiment"] or cfg["profile"]  # as the CLI names it
+    mlflow = MLflowSettings.of(cfg)
     lines += [
-        f"Every cell is an MLflow run in experiment `{experiment}` (store `{cfg['mlflow']['tracking_uri']}`), "
+        f"Every cell is an MLflow run in experiment `{mlflow.experiment}` (store `{mlflow.tracking_uri}`), "
         "tagged `cell_key` = `<profile>/<model>/<dataset>/<method>/seed<k>#<hash of its values>`.",
         "",
     ]
@@ -150,7 +151,6 @@ def write_report(cfg: dict[str, Any], results: str | None = None, out: str | Non
     """`meml report`: build the report of a profile from its result files, and (mlflow.enabled) log
     the tables and figures to the profile's report run."""
     from meml.core.config import PROJECT_ROOT
-    from meml.core.tracking import log_report
     from meml.plan.layout import report_dir
 
     layout = Layout.of(cfg, results)
@@ -159,6 +159,6 @@ def write_report(cfg: dict[str, Any], results: str | None = None, out: str | Non
     if not reference.is_absolute() and not reference.is_file():
         reference = PROJECT_ROOT / reference
     written = build(cfg, layout.root, folder, reference)
-    if cfg["mlflow"]["enabled"]:
+    if MLflowSettings.of(cfg).enabled:
         log_report(cfg, layout.report_run, written)
     return written, folder

@@ -23,8 +23,9 @@ One step, for Q questions and E experts:
     6. HSFT: experts failing a question more often than K/G offer it to the buffer; when the buffer
        is full its contents become an SFT batch and it is emptied
     7. `updates_per_batch` optimiser steps on
-           L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only)
-    8. metrics; 9. a checkpoint every `checkpoint_every` steps
+           L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only;
+       under rl.buffer.update: separate the drained batch takes a step of its own at its sft_lr)
+    8. metrics, and a checkpoint every `checkpoint_every` steps
 
 Here: the settings, loading, the loop, steps 4-8. Elsewhere, one idea each: the formulas
 (losses.py), the buffer (buffer.py), steps 1-3 (groups.py), the rollout engines (engines.py), the
@@ -68,17 +69,18 @@ from meml.training.distributed import Dist
 from meml.training.engines import make_engine
 from meml.training.groups import Groups, QuestionOrder, Sampled, sample_groups, sample_step
 from meml.training.lengths import check_fits, over_cap_shares
-from meml.training.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from meml.training.losses import IMLPair, iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from meml.training.rollout_vllm import VLLMSettings
 from meml.training.scoring import completion_logprobs
 
-__all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "completion_logprobs", "run_rl", "sampling_of"]
+__all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Settings: every key read once, here (the defaults live in config/default.yaml alone, so a missing
-# key is an error that names it, never a silent fallback). No raw settings dict goes past these types.
+# key is an error that names it; the one exception, rl.keep_checkpoints, says why). No raw settings
+# dict goes past these types.
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ class Learner:
 
 
 @dataclass
-class Loaded:
+class RunState:
     """What a run holds across its steps."""
 
     learner: Learner
@@ -277,13 +279,14 @@ class Loaded:
         }
 
 
-def load(args: RLArgs, paths: RLPaths, precision: Precision, dist: Dist, engine: RolloutEngine | None) -> Loaded:
+def load(args: RLArgs, paths: RLPaths, precision: Precision, dist: Dist, engine: RolloutEngine | None) -> RunState:
     """The models, optimisers, engine, data and buffer, seeded; the trajectories' lengths checked
     against the cap (lengths.check_fits) before anything is written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     s, experts = args.settings, list(args.method.rl_experts)
     torch.manual_seed(args.seed)
+    random.seed(args.seed)  # nothing draws from it, but checkpoints keep its state: the same bytes
     tokenizer = AutoTokenizer.from_pretrained(paths.model)
     # fp32 master weights in every precision; bf16 runs compute under autocast (precision.py)
     device = dist.device
@@ -309,7 +312,7 @@ def load(args: RLArgs, paths: RLPaths, precision: Precision, dist: Dist, engine:
     by_id = {r.id: r for r in records}
     over_cap = over_cap_shares(tokenizer, paths.experts, experts, by_id, s.max_new_tokens)
     check_fits(over_cap, s.max_new_tokens, s.max_truncated_share, paths.experts)
-    return Loaded(
+    return RunState(
         Learner(policy, reference, optimizer, sft_optimizer, scheduler, precision, tokenizer.pad_token_id),
         engine,
         tokenizer,
@@ -414,7 +417,7 @@ def run_rl(
         if tracker is not None:
             tracker.log(step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
-        # 9. a checkpoint every checkpoint_every steps and at the end
+        # ... and a checkpoint every checkpoint_every steps and at the end
         done_steps = step + 1
         if done_steps % s.checkpoint_every == 0 or done_steps == run.steps:
             rl_run.save(out, done_steps, run.checkpointed(), dist, tracker)
@@ -441,7 +444,7 @@ def run_rl(
 class Sequences:
     """Step 4's output: the N valid rollouts, flattened in (question, expert, rollout) order."""
 
-    cells: list[tuple[int, int, int]]  # (q, e, r) of each sequence
+    positions: list[tuple[int, int, int]]  # (q, e, r) of each sequence
     prompts: list[list[int]]
     completions: list[list[int]]
     advantages: Tensor  # (N,)
@@ -452,12 +455,12 @@ def advantages_step(groups: Groups, counts: list[int], advantage: str, end_of_tu
     (an empty completion is scored as the end-of-turn token alone)."""
     advantages = subgroup_advantages(groups.rewards, groups.valid, advantage)  # (Q, E, R)
     Q, E = len(groups.records), len(counts)
-    cells = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
+    positions = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
     return Sequences(
-        cells,
-        [groups.prompt[q][e] for q, e, _ in cells],
-        [groups.completions[q][e][r].token_ids or [end_of_turn] for q, e, r in cells],
-        torch.tensor([float(advantages[q, e, r]) for q, e, r in cells]),
+        positions,
+        [groups.prompt[q][e] for q, e, _ in positions],
+        [groups.completions[q][e][r].token_ids or [end_of_turn] for q, e, r in positions],
+        torch.tensor([float(advantages[q, e, r]) for q, e, r in positions]),
     )
 
 
@@ -466,7 +469,7 @@ class IMLBatch:
     """Step 5's output: for each pair, the worst expert's prompt and the best expert's rollout (its
     score under the best expert's own prompt is its row of the policy pass)."""
 
-    pairs: list[Any]
+    pairs: list[IMLPair]
     weak: list[list[int]] = field(default_factory=list)  # the same question under the worst
     tokens: list[list[int]] = field(default_factory=list)  # O+, a correct rollout of the best
 
@@ -494,7 +497,7 @@ class HSFTBatch:
 
 
 def hsft_step(
-    run: Loaded, groups: Groups, experts: list[int], counts: list[int], dist: Dist, prompts: tuple[str, ...]
+    run: RunState, groups: Groups, experts: list[int], counts: list[int], dist: Dist, prompts: tuple[str, ...]
 ) -> HSFTBatch:
     """6. Each expert failing a question more often than K/G offers it (counts, so the threshold is
     exact); every process offers all processes' questions, so the buffers stay identical. A full
@@ -520,7 +523,7 @@ def hsft_step(
 
 
 def update_step(
-    learner: Learner, s: RLSettings, advantage: str, seqs: Sequences, iml: IMLBatch, sft: HSFTBatch, dist: Dist
+    learner: Learner, s: RLSettings, advantage: str, seqs: Sequences, iml: IMLBatch, hsft: HSFTBatch, dist: Dist
 ) -> dict[str, float]:
     """7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
     (L_SFT on the first update only, under rl.buffer.update: joint); under `separate` the drained
@@ -534,15 +537,15 @@ def update_step(
             ref_logp, _, _ = completion_logprobs(learner.reference, seqs.prompts, seqs.completions, pad)
     stats: dict[str, float] = {}
     n = len(seqs.prompts)
-    strong_rows = [seqs.cells.index((p.question, p.best, p.rollout)) for p in iml.pairs]  # O+ is a policy row
+    strong_rows = [seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs]  # O+ is a policy row
     for update in range(s.updates_per_batch):
         with precision.autocast():
             # one scoring call for every row that takes a gradient: the policy's rollouts, then
             # O+ under the worst expert's prompt (IML), then the drained buffer (HSFT, first update
             # only); each distinct prompt runs once (scoring.py)
-            with_sft = bool(sft.prompts) and update == 0 and s.buffer.update == "joint"
-            prompts = seqs.prompts + iml.weak + (sft.prompts if with_sft else [])
-            targets = seqs.completions + iml.tokens + (sft.targets if with_sft else [])
+            with_sft = bool(hsft.prompts) and update == 0 and s.buffer.update == "joint"
+            prompts = seqs.prompts + iml.weak + (hsft.prompts if with_sft else [])
+            targets = seqs.completions + iml.tokens + (hsft.targets if with_sft else [])
             all_logp, all_mask, all_entropy = completion_logprobs(policy, prompts, targets, pad, with_entropy=True)
             t_policy = max(len(c) for c in seqs.completions)
             logp, mask = all_logp[:n, :t_policy], all_mask[:n, :t_policy]
@@ -596,16 +599,16 @@ def update_step(
                 "entropy": float((entropy.detach() * mask).sum() / mask.sum()),
                 "grad_norm": float(grad_norm),
             }
-    if sft.drained and s.buffer.update == "separate":  # every process steps (its share may be empty)
-        stats["loss/sft"] = _separate_sft_step(learner, s, sft, dist)
+    if hsft.drained and s.buffer.update == "separate":  # every process steps (its share may be empty)
+        stats["loss/sft"] = _separate_sft_step(learner, s, hsft, dist)
     return stats
 
 
-def _separate_sft_step(learner: Learner, s: RLSettings, sft: HSFTBatch, dist: Dist) -> float:
+def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: Dist) -> float:
     policy = learner.policy
     with learner.precision.autocast():
-        if sft.prompts:
-            sft_logp, sft_mask, _ = completion_logprobs(policy, sft.prompts, sft.targets, learner.pad)
+        if hsft.prompts:
+            sft_logp, sft_mask, _ = completion_logprobs(policy, hsft.prompts, hsft.targets, learner.pad)
             l_sft = sft_loss(sft_logp, sft_mask)
         else:  # a zero loss that still touches every weight, so the gradient averaging matches
             device = next(policy.parameters()).device
@@ -620,7 +623,7 @@ def _separate_sft_step(learner: Learner, s: RLSettings, sft: HSFTBatch, dist: Di
 
 def step_metrics(
     dist: Dist,
-    run: Loaded,
+    run: RunState,
     sampled: Sampled,
     seqs: Sequences,
     iml: IMLBatch,
@@ -637,11 +640,12 @@ def step_metrics(
     and per expert; iml/pairs; hsft/*; completion/* (length, finished share, truncated share per
     expert); dynamic/*; perf/* (seconds: the only values that differ between identical runs)."""
     E, groups, buf, policy = len(experts), sampled.groups, run.buf, run.learner.policy
-    completions, cells = groups.completions, seqs.cells
+    completions, positions = groups.completions, seqs.positions
     rewards, correct, valid = (torch.cat(dist.gather(t)) for t in (groups.rewards, groups.correct, groups.valid))
     group_sizes = [n for part in dist.gather([sum(map(len, c)) for c in completions]) for n in part]
-    tokens = sum(dist.gather(sum(len(completions[q][e][r].token_ids) for q, e, r in cells)))
-    finished = sum(dist.gather(sum(completions[q][e][r].finished for q, e, r in cells)))
+    tokens = sum(dist.gather(sum(len(completions[q][e][r].token_ids) for q, e, r in positions)))
+    finished = sum(dist.gather(sum(completions[q][e][r].finished for q, e, r in positions)))
+    prompt_tokens = sum(dist.gather(sum(len(p) for p in seqs.prompts)))
     per_process = dist.gather(stats)  # losses of each process's share, averaged
     metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
     for e, k in enumerate(experts):
@@ -650,7 +654,7 @@ def step_metrics(
         metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
         metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
         # the share of the expert's rollouts cut at max_new_tokens (a cut answer scores 0)
-        ends = [completions[q][e][r].finished for q, ee, r in cells if ee == e]
+        ends = [completions[q][e][r].finished for q, ee, r in positions if ee == e]
         done, total = sum(dist.gather(sum(ends))), sum(dist.gather(len(ends)))
         metrics[f"completion/truncated/expert{k}"] = 1.0 - done / total if total else 0.0
     question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
@@ -660,7 +664,7 @@ def step_metrics(
             "subgroups/all_wrong": float(all_wrong.float().mean()),
             "questions/none_correct": float((~question_any).float().mean()),
             "rollouts/sampled": float(sampled.rollouts),
-            # the rollouts IML and the buffer saw per question: G for every question (one process each)
+            # the rollouts IML and the buffer saw per question (a whole group is in one process)
             "groups/rollouts_min": float(min(group_sizes)),
             "groups/rollouts_max": float(max(group_sizes)),
             "dynamic/replaced": float(sampled.replaced),
@@ -670,9 +674,9 @@ def step_metrics(
             "hsft/buffer_fill": float(len(buf.items)),
             "hsft/flushes": float(buf.flushes),
             "hsft/sft_examples": float(len(hsft.drained)),
-            "completion/length_mean": tokens / (len(cells) * dist.world),
-            "prompt/length_mean": statistics.fmean(len(p) for p in seqs.prompts),
-            "completion/finished_fraction": finished / (len(cells) * dist.world),
+            "completion/length_mean": tokens / (len(positions) * dist.world),
+            "prompt/length_mean": prompt_tokens / (len(positions) * dist.world),
+            "completion/finished_fraction": finished / (len(positions) * dist.world),
             "perf/step_seconds": seconds,
             "perf/rollout_seconds": rollout_seconds,
             "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),

@@ -5,7 +5,7 @@ Everything that can fail is loaded and checked (rl.load) before an old run in th
 touched; a run whose cell values changed, or whose DONE was removed (`snakemake --forcerun`), is
 moved into <run>/previous/<time>/ (nothing is deleted) and its MLflow run retagged.
 
-A checkpoint keeps, by name, what rl.Loaded.checkpointed gives (the model, both optimisers, the
+A checkpoint keeps, by name, what rl.RunState.checkpointed gives (the model, both optimisers, the
 schedule, the question order, the buffer), the step, and one RNG state per process.
 """
 
