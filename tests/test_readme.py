@@ -12,10 +12,24 @@ from meml.reporting import readme_table
 
 
 def test_the_readme_table_is_what_the_committed_study_reports_render() -> None:
-    assert readme_table.readme_copy() == readme_table.render(), (
+    assert readme_table.copy_in("README.md") == readme_table.render(), (
         "README.md's reproduction table differs from the committed reports: "
         "run python -m meml.reporting.readme_table --write"
     )
+    assert readme_table.copy_in("config/README.md") == readme_table.run_times(), (
+        "config/README.md's run times differ from the committed run.json files: "
+        "run python -m meml.reporting.readme_table --write"
+    )
+
+
+def test_the_run_times_come_from_each_run_record(tmp_path: Path) -> None:
+    record = {"commit": "0123456789abcdef", "dirty": True, "cores": 2, "wall_seconds": 297.5,
+              "job_seconds": 572.8, "jobs_by_rule": {"rl": 42, "sft": 12}}  # fmt: skip
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "run.json").write_text(json.dumps(record))
+    (tmp_path / "old").mkdir()  # a report made before run records: not listed
+    lines = readme_table.run_times(tmp_path).splitlines()
+    assert lines[2:] == ["| `report/example/toy/` | 5.0 min | 2 | 573 | 54 | 0123456 (uncommitted changes) |"]
 
 
 def test_the_readme_stays_a_front_door() -> None:

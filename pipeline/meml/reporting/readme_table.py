@@ -1,12 +1,13 @@
 """The README's reproduction table, rendered from the committed study reports: claim | paper | ours
 (pooled over the study's independent runs, with its interval) | verdict | recipe | command | time on
-2 cores. Nothing in it is typed by hand: the claims and their intervals come from the study report's
-tables/claims.json, the time from each run's run.json.
+2 cores; and config/README.md's table of what each committed run took. Nothing in them is typed by
+hand: the claims and their intervals come from the study report's tables/claims.json, the times from
+each run's run.json.
 
-    python -m meml.reporting.readme_table            print the table
-    python -m meml.reporting.readme_table --write    put it into README.md between its markers
+    python -m meml.reporting.readme_table            print the tables
+    python -m meml.reporting.readme_table --write    put them into README.md and config/README.md
 
-tests/test_readme.py fails when README.md's copy differs from what this renders.
+tests/test_readme.py fails when a copy differs from what this renders.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ RECIPE = "config/toy-study.yaml"
 COMMAND = "`make study`"
 BEGIN = "<!-- reproduction table: python -m meml.reporting.readme_table --write -->"
 END = "<!-- end of the reproduction table -->"
+TIMES_BEGIN = "<!-- run times: python -m meml.reporting.readme_table --write -->"
+TIMES_END = "<!-- end of the run times -->"
+EXAMPLE = PROJECT_ROOT / "report" / "example"
 
 
 def _paper(text: str) -> str:
@@ -38,7 +42,7 @@ def _ours(claim: dict[str, Any]) -> str:
     return f"{claim['difference']:+.1f} [{claim['low']:+.1f}, {claim['high']:+.1f}]"
 
 
-def render(example: Path = PROJECT_ROOT / "report" / "example") -> str:
+def render(example: Path = EXAMPLE) -> str:
     """The table's Markdown, from example/<STUDY>/tables/claims.json and each run's run.json."""
     claims_file = example / STUDY / "tables" / "claims.json"
     if not claims_file.is_file():
@@ -77,23 +81,49 @@ def render(example: Path = PROJECT_ROOT / "report" / "example") -> str:
     return "\n".join(lines)
 
 
-def write(readme: Path = PROJECT_ROOT / "README.md") -> bool:
-    """Replace the table between the README's markers; True when it changed."""
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise DataError(f"README has no reproduction table markers ({BEGIN} ... {END})", readme)
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    new = f"{head}{BEGIN}\n{render()}\n{END}{tail}"
-    if new != text:
-        atomic_write_text(readme, new)
-    return new != text
+def run_times(example: Path = EXAMPLE) -> str:
+    """What each committed run took, from its run.json (reports made before run records have none)."""
+    lines = [
+        "| committed report | wall time | cores | job-seconds | jobs | commit |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for record in sorted(example.glob("*/run.json")):
+        run = read_json(record)
+        commit = run["commit"][:7] + (" (uncommitted changes)" if run["dirty"] else "")
+        lines.append(
+            f"| `report/example/{record.parent.name}/` | {run['wall_seconds'] / 60:.1f} min | {run['cores']} "
+            f"| {run['job_seconds']:.0f} | {sum(run['jobs_by_rule'].values())} | {commit} |"
+        )
+    return "\n".join(lines)
 
 
-def readme_copy(readme: Path = PROJECT_ROOT / "README.md") -> str:
-    """The table as the README holds it now (between the markers)."""
-    text = readme.read_text()
-    return text.partition(BEGIN)[2].partition(END)[0].strip("\n")
+BLOCKS = {  # file -> (its markers, what renders the block between them)
+    "README.md": (BEGIN, END, render),
+    "config/README.md": (TIMES_BEGIN, TIMES_END, run_times),
+}
+
+
+def write(root: Path = PROJECT_ROOT) -> list[str]:
+    """Replace each block between its file's markers; the files that changed."""
+    changed = []
+    for name, (begin, end, make) in BLOCKS.items():
+        path = root / name
+        text = path.read_text()
+        if begin not in text or end not in text:
+            raise DataError(f"no markers for the generated table ({begin} ... {end})", path)
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        new = f"{head}{begin}\n{make()}\n{end}{tail}"
+        if new != text:
+            atomic_write_text(path, new)
+            changed.append(name)
+    return changed
+
+
+def copy_in(name: str, root: Path = PROJECT_ROOT) -> str:
+    """The block as the file holds it now (between its markers)."""
+    begin, end, _ = BLOCKS[name]
+    return (root / name).read_text().partition(begin)[2].partition(end)[0].strip("\n")
 
 
 if __name__ == "__main__":
@@ -101,6 +131,7 @@ if __name__ == "__main__":
     parser.add_argument("--write", action="store_true", help="put the table into README.md")
     args = parser.parse_args()
     if args.write:
-        print("README.md updated" if write() else "README.md already up to date")
+        changed = write()
+        print(f"updated: {', '.join(changed)}" if changed else "README.md and config/README.md already up to date")
     else:
-        print(render())
+        print(render() + "\n\n" + run_times())
