@@ -327,9 +327,16 @@ def answers_match(prediction: str | None, gold: str, dataset: str) -> bool:
 
 
 def is_correct(
-    text: str, dataset: str, gold: str, mode: str = "lenient", options: Mapping[str, str] | None = None
+    text: str,
+    dataset: str,
+    gold: str,
+    mode: str = "lenient",
+    options: Mapping[str, str] | None = None,
+    finished: bool = True,
 ) -> bool:
-    return answers_match(extract(text, dataset, mode, options), gold, dataset)
+    """Whether the answer is right. An answer cut at the token cap (`finished` False) is wrong: the
+    lenient checker would otherwise take the last number of a half-written chain as its answer."""
+    return finished and answers_match(extract(text, dataset, mode, options), gold, dataset)
 
 
 def canonical_answer_line(dataset: str, answer: str) -> str:
@@ -363,9 +370,8 @@ def score(
     finished: bool = True,
 ) -> tuple[bool, float]:
     """(is it correct, its reward): 1 for a correct answer, 0 otherwise, plus `format_bonus` when the
-    canonical line is present. The RL loop needs both; one extraction serves them.
-    An answer cut at the token cap (`finished` False) is wrong and earns nothing: the lenient
-    checker would otherwise take the last number of a half-written chain as its answer."""
+    canonical line is present. The RL loop needs both; one extraction serves them. An answer cut at
+    the token cap (`finished` False) is wrong (is_correct) and earns nothing, bonus included."""
     config = config or RewardConfig()
     if not finished:
         return False, 0.0

@@ -50,7 +50,7 @@ def _sample(engine: Any, tokenizer: Any, records: list[Any], experts: Sequence[i
     tally = {k: [0, 0, 0, 0] for k in experts}  # correct, finished, tokens, total
     for (k, record), samples in zip(asked, outs, strict=True):
         for c in samples:
-            tally[k][0] += c.finished and is_correct(c.text, record.dataset, record.answer, mode, record.options)
+            tally[k][0] += is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished)
             tally[k][1] += c.finished
             tally[k][2] += len(c.token_ids)
             tally[k][3] += 1

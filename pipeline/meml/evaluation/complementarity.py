@@ -76,8 +76,7 @@ def sample_correctness(
         outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in records], k, sampling)
         for q, (record, samples) in enumerate(zip(records, outs, strict=True)):
             for j, c in enumerate(samples):
-                right = is_correct(c.text, record.dataset, record.answer, mode, record.options)
-                correct[q, i, j] = c.finished and right  # a cut answer scores 0
+                correct[q, i, j] = is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished)
     return correct
 
 

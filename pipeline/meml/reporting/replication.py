@@ -145,6 +145,8 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
             ("between runs", [*between, "tau", "I2 %", "covers", "runs agree"]),
         ],
     )
+    # z of the two runs' difference, per claim (two runs only)
+    zs = [stats.difference_z(a.estimate, b.estimate) for a, b in zip(*per_run[:2], strict=True)] if between else []
     agree = covered = pairs = 0
     for i, (_, entry) in enumerate(entries):
         runs = [run[i] for run in per_run]
@@ -153,7 +155,7 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
         agree += same
         hits, n = covered_pairs(runs, level)
         covered, pairs = covered + hits, pairs + n
-        z = [f"{stats.difference_z(runs[0].estimate, runs[1].estimate):+.1f}"] if between else []
+        z = [f"{zs[i]:+.1f}"] if between else []
         pool = combined[i]
         cells = [x for c in runs for x in (_cell(c, level), _word(c))]
         table.add(
@@ -161,11 +163,7 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
             [*cells, _cell(pooled[i], level), _word(pooled[i]), *z, f"{pool.tau:.1f}", f"{100 * pool.i2:.0f}",
              f"{hits} of {n}", "yes" if same else "no"],
         )  # fmt: skip
-    z2 = (
-        sum(stats.difference_z(a.estimate, b.estimate) ** 2 for a, b in zip(*per_run[:2], strict=True))
-        if between
-        else 0
-    )
+    z2 = sum(z * z for z in zs)
     table.notes += [
         "Each run decided on its own page (Holm over its own tests). Pooled: DerSimonian-Laird random effects "
         "(tau: the between-run sd beyond the runs' own errors; I2: its share of the spread between runs), "
@@ -196,8 +194,8 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
         "pairs": pairs,
         "pooled": [
             {**as_record(c, level), "tau": pool.tau, "i2": pool.i2, "p_heterogeneity": pool.p_heterogeneity,
-             "z": stats.difference_z(runs_i[0].estimate, runs_i[1].estimate) if between else None}
-            for c, pool, runs_i in zip(pooled, combined, zip(*per_run, strict=True), strict=True)
+             "z": zs[i] if between else None}
+            for i, (c, pool) in enumerate(zip(pooled, combined, strict=True))
         ],
     }  # fmt: skip
     return table, lines, record

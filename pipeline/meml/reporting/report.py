@@ -71,7 +71,8 @@ def build(
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     replication_lines: list[str] = []
-    _, _, comparisons = summary.decided(cfg, results, reference)
+    decision = summary.decided(cfg, results, reference)  # once: the index and claims.json read it
+    _, entries, comparisons = decision
     level = cfg["report"]["stats"]["level"]
     claims: dict[str, Any] = {"profile": cfg["profile"], "claims": [summary.as_record(c, level) for c in comparisons]}
     if set(cfg["report"]["replicates"]) - {cfg["profile"]}:
@@ -82,7 +83,6 @@ def build(
     if cfg["report"]["stages"]:
         from meml.reporting.stages import stages_table
 
-        entries = summary.Summary(cfg, results, reference).entries(summary.load_claims(cfg["report"]["claims"]))
         table, stage_lines = stages_table(cfg, root, summary.spread_pairs(entries))
         tables.append(table)
         replication_lines += stage_lines
@@ -104,7 +104,7 @@ def build(
                 shutil.copyfile(source, target)
                 written.append(target)
     index = out / "index.md"
-    lines = summary.render(cfg, results, root, reference) + replication_lines
+    lines = summary.render(cfg, results, root, decision) + replication_lines
     warnings = calibration_warnings(cfg, root)
     if warnings:  # the gate was set to warn: say which models are outside the informative range
         lines += [

@@ -70,16 +70,13 @@ def retrained(cfg: dict[str, Any], folder: Path, field: str) -> list[str]:
     for cell in grid.cells(cfg):
         start = _start_hash(layout.rl(cell) / "DONE", field)
         rl_starts.setdefault((cell.model, cell.dataset, cell.method), set()).add(start)
+
     # the training data: each seed's own world (grid.seeds_vary: data) holds its own draw
-    draws = [
-        {
-            (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").read_bytes()
-            if (layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl").is_file()
-            else b""
-            for k in seeds
-        }
-        for ds in cfg["grid"]["datasets"]
-    ]
+    def train_split(ds: str, k: int) -> bytes:
+        path = layout.data(cfg["world"], ds, f"seed{k}") / "train.jsonl"
+        return path.read_bytes() if path.is_file() else b""
+
+    draws = [{train_split(ds, k) for k in seeds} for ds in cfg["grid"]["datasets"]]
     data = ["data"] if any(len(d) > 1 for d in draws) else []
     if all(len(h) == 1 for h in rl_starts.values()):
         return [*data, "rl"]

@@ -216,9 +216,11 @@ def decide(comparisons: list[Comparison], settings: dict[str, Any]) -> None:
             c.verdict = f"no verdict ({c.no_verdict})"
 
 
-def decided(
-    cfg: dict[str, Any], results: Results, reference: dict[str, Any]
-) -> tuple[Summary, list[tuple[str, dict[str, Any]]], list[Comparison]]:
+# a run's claims and questions decided: the summary, its entries (section, claim), their comparisons
+Decision = tuple[Summary, list[tuple[str, dict[str, Any]]], list[Comparison]]
+
+
+def decided(cfg: dict[str, Any], results: Results, reference: dict[str, Any]) -> Decision:
     """The run's claims and questions, compared and decided (Holm over the page)."""
     summary = Summary(cfg, results, reference)
     entries = summary.entries(load_claims(cfg["report"]["claims"]))
@@ -239,9 +241,10 @@ def as_record(c: Comparison, level: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def render(cfg: dict[str, Any], results: Results, root: Path, reference: dict[str, Any]) -> list[str]:
-    """Markdown lines: how to read the verdicts, the claims, the regime, the open questions."""
-    summary, entries, comparisons = decided(cfg, results, reference)
+def render(cfg: dict[str, Any], results: Results, root: Path, decision: Decision) -> list[str]:
+    """Markdown lines: how to read the verdicts, the claims, the regime, the open questions
+    (`decision`: what `decided` returned, the claims.json's comparisons too)."""
+    summary, entries, comparisons = decision
     s = summary.settings
     tests = sum(c.p_adjusted is not None for c in comparisons)
     models, datasets = grid.models(cfg), cfg["grid"]["datasets"]
