@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 import torch
 
 from meml.core.config import rollouts_per_expert
 from meml.training.buffer import HardExample, HardExampleBuffer
-from meml.training.losses import iml_pairs, subgroup_advantages
+from meml.training.losses import exact_reward, iml_pairs, subgroup_advantages
 
 GROUPS = (6, 8, 12)
 BONUSES = (0.0, 0.2, 0.3)
@@ -54,11 +55,27 @@ def test_same_rewards_in_another_order_form_no_iml_pair(G: int, bonus: float) ->
     right = [True] + [False] * (n - 1)
     rewards, valid = _rewards([right, right[::-1]], bonus, counts)  # the same rewards, reversed
     correct = rewards > 0.5 + bonus
-    assert iml_pairs(rewards, correct, valid, random.Random(0)) == []
+    assert iml_pairs(rewards, correct, valid, random.Random(0), format_bonus=bonus) == []
     better = [True, True] + [False] * (n - 2)
     rewards, valid = _rewards([right, better], bonus, counts)
-    pairs = iml_pairs(rewards, rewards > 0.5 + bonus, valid, random.Random(0))
+    pairs = iml_pairs(rewards, rewards > 0.5 + bonus, valid, random.Random(0), format_bonus=bonus)
     assert [(p.best, p.worst, p.rollout) for p in pairs] == [(1, 0, 0)]
+
+
+def test_rewards_that_tie_in_decimals_tie_for_iml() -> None:
+    """{1.1, 1.0, 0.1} and {1.1, 1.1, 0.0} both sum to 2.2 on paper. As float32 values they do not
+    (1.1f + 1.0 + 0.1f < 2 x 1.1f by about 2e-8), so comparing the floats made the second expert
+    the best and taught the first. In decimal units they tie: no pair."""
+    rewards = torch.tensor([[[1.1, 1.0, 0.1], [1.1, 1.1, 0.0]]], dtype=torch.float32)
+    correct = torch.tensor([[[True, True, False], [True, True, False]]])
+    valid = torch.ones_like(correct)
+    floats = [sum(Fraction(float(v)) for v in rewards[0, e].tolist()) for e in range(2)]
+    assert floats[0] != floats[1]  # what the old comparison saw
+    assert iml_pairs(rewards, correct, valid, random.Random(0), format_bonus=0.1) == []
+    # a reward that is no correct + bonus x present is an error, not a silent rounding
+    with pytest.raises(ValueError, match=r"is not 1 \+ 0\.1"):
+        exact_reward(1.05, True, 0.1)
+    assert exact_reward(1.1, True, 0.1) == Fraction(11, 10) and exact_reward(0.0, False, 0.1) == 0
 
 
 @pytest.mark.parametrize("G", GROUPS)

@@ -69,6 +69,22 @@ def test_clipping_and_kl_by_hand() -> None:
     assert pos.loss.item() == pytest.approx(-1.2) and pos.clip_fraction == 1.0  # min(1.5, 1.2) * 1
     neg = policy_loss(logp, old, torch.tensor([-1.0]), torch.tensor([[1]]), "grpo", clip_eps=0.2)
     assert neg.loss.item() == pytest.approx(1.5)  # min(-1.5, -1.2) = -1.5
+    # ratio 1.5 with A < 0: min() takes the unclipped term, the clip is inactive and not counted
+    assert neg.clip_fraction == 0.0
+    # ratio 0.5 (below 1 - eps): active for A < 0, inactive for A > 0
+    low = torch.log(torch.tensor([[0.3]]))
+    assert (
+        policy_loss(
+            low, torch.log(torch.tensor([[0.6]])), torch.tensor([-1.0]), torch.tensor([[1]]), "grpo"
+        ).clip_fraction
+        == 1.0
+    )
+    assert (
+        policy_loss(
+            low, torch.log(torch.tensor([[0.6]])), torch.tensor([1.0]), torch.tensor([[1]]), "grpo"
+        ).clip_fraction
+        == 0.0
+    )
     ref = torch.log(torch.tensor([[0.3]]))
     with_kl = policy_loss(logp, logp.detach(), torch.tensor([0.0]), torch.tensor([[1]]), "grpo", ref_logp=ref, beta=0.1)
     d = math.log(0.3) - math.log(0.6)

@@ -57,6 +57,20 @@ def test_rollout_spread() -> None:
         rollouts_per_expert(8, 5, "split")
 
 
+def test_the_smaller_subgroup_turns_from_question_to_question() -> None:
+    """8 over 3 experts is 3/3/2; which expert gets the 2 depends on the question, about a third of
+    the questions each, the same in every run; the group still has G rollouts."""
+    from meml.training.groups import question_counts
+
+    counts = rollouts_per_expert(8, 3, "split")
+    small = [question_counts(counts, f"gsm8k-train-{i}").index(2) for i in range(3000)]
+    shares = [small.count(e) / len(small) for e in range(3)]
+    assert all(abs(share - 1 / 3) < 0.03 for share in shares), shares
+    assert all(sum(question_counts(counts, f"q{i}")) == 8 for i in range(50))
+    assert question_counts(counts, "q7") == question_counts(counts, "q7")
+    assert question_counts([8], "q7") == [8]
+
+
 def test_question_order_is_seeded_and_resumable() -> None:
     a = QuestionOrder(5, seed=1)
     first = a.take(7)
@@ -245,7 +259,7 @@ def test_informative_groups_by_hand() -> None:
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 0.0]]])
     valid = torch.ones(3, 2, 2, dtype=torch.bool)
     valid[2, 1, 1] = False  # expert 1 has one rollout there: the 0 is padding, not a reward
-    groups = Groups([], [], [], rewards, rewards > 0, valid)
+    groups = Groups([], [], [], rewards, rewards > 0, valid, [[2, 2], [2, 2], [2, 1]])
     assert groups.informative().tolist() == [True, False, False]
 
 

@@ -1,12 +1,18 @@
 """Steps 1-3 of the RL loop: which questions, the experts' rollouts on them, and their rewards.
 
-A step's rollouts are kept as Groups: prompt [Q][E] and completions [Q][E][n_e] (token ids), with
-rewards, correct and valid as (Q, E, R) tensors, R = the largest n_e (valid marks the slots that
+A step's rollouts are kept as Groups: prompt [Q][E] and completions [Q][E][n_qe] (token ids), with
+rewards, correct and valid as (Q, E, R) tensors, R = the largest n_qe (valid marks the slots that
 hold a rollout). `sample_step` samples them, with DAPO-style dynamic sampling when a method asks.
+
+When G does not divide among the experts (8 over 3: 3/3/2), which expert gets the smaller subgroup
+turns from question to question (`question_counts`): a fixed 2 for the last expert would make its
+subgroup flat (advantage 0) more often, and make it IML's best or worst more often, for no reason
+but its place in the list.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +65,7 @@ class Groups:
     rewards: Tensor
     correct: Tensor
     valid: Tensor
+    counts: list[list[int]]  # [Q][E]: n_qe, the rollouts of expert e on question q
 
     def informative(self) -> Tensor:
         """(Q,) True where some (question, expert) subgroup has rewards that differ: a gradient."""
@@ -69,12 +76,21 @@ class Groups:
     def replace(self, rows: list[int], fresh: Groups) -> None:
         """Put fresh's questions into the given rows (dynamic sampling)."""
         for i, q in enumerate(rows):
-            self.records[q], self.prompt[q], self.completions[q] = (
+            self.records[q], self.prompt[q], self.completions[q], self.counts[q] = (
                 fresh.records[i],
                 fresh.prompt[i],
                 fresh.completions[i],
+                fresh.counts[i],
             )
             self.rewards[q], self.correct[q], self.valid[q] = fresh.rewards[i], fresh.correct[i], fresh.valid[i]
+
+
+def question_counts(counts: list[int], question_id: str) -> list[int]:
+    """Each expert's rollouts on one question: `counts` (rollouts_per_expert) turned by a shift that
+    the question's id decides (crc32, the same in every process and run), so that over the
+    questions each expert gets the smaller subgroup equally often."""
+    shift = zlib.crc32(question_id.encode()) % len(counts)
+    return counts[len(counts) - shift :] + counts[: len(counts) - shift]
 
 
 def sample_groups(
@@ -88,10 +104,12 @@ def sample_groups(
     reward_config: RewardConfig,
 ) -> Groups:
     """Steps 2 and 3 of the loop: every expert's rollouts for every question, in one engine call
-    (each (question, expert) prompt with its expert's rollout count), scored by the checker."""
+    (each (question, expert) prompt with its rollout count, question_counts), scored by the checker."""
     Q, E, R = len(batch), len(experts), max(counts)
     prompt = [[prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k in experts] for r in batch]  # [Q][E]
-    sampled = engine.generate([prompt[q][e] for q in range(Q) for e in range(E)], counts * Q, sampling)
+    per_question = [question_counts(counts, r.id) for r in batch]  # [Q][E]
+    flat_counts = [n for row in per_question for n in row]
+    sampled = engine.generate([prompt[q][e] for q in range(Q) for e in range(E)], flat_counts, sampling)
     completions = [[sampled[q * E + e] for e in range(E)] for q in range(Q)]
     rewards = torch.zeros(Q, E, R)
     correct = torch.zeros(Q, E, R, dtype=torch.bool)
@@ -101,7 +119,7 @@ def sample_groups(
             for r, c in enumerate(completions[q][e]):
                 ok, value = score(c.text, record.dataset, record.answer, record.options, reward_config, c.finished)
                 correct[q, e, r], valid[q, e, r], rewards[q, e, r] = ok, True, value
-    return Groups(list(batch), prompt, completions, rewards, correct, valid)
+    return Groups(list(batch), prompt, completions, rewards, correct, valid, per_question)
 
 
 @dataclass(frozen=True)

@@ -206,8 +206,9 @@ def top_p_filter(logits: Any, top_p: float) -> Any:
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
-def choose(logits: Any, sampling: Sampling) -> Any:
-    """One token per row of logits (B, V): argmax when greedy, else a draw from softmax(logits / T)
+def choose(logits: Any, sampling: Sampling) -> tuple[Any, Any]:
+    """One token per row of logits (B, V), and its log-probability under the distribution it was
+    drawn from (B,): argmax when greedy (its log-prob under softmax(logits)), else a draw from softmax(logits / T)
     after top-p, by the inverse of its cumulative distribution: one uniform u per row, the first
     token whose cumulative probability exceeds u * total. A token of probability 0 (cut by top-p)
     never exceeds the sum before it, so it is never drawn. One random number a row, where an
@@ -216,14 +217,17 @@ def choose(logits: Any, sampling: Sampling) -> Any:
     import torch
 
     if sampling.greedy:
-        return logits.argmax(dim=-1)
-    probs = top_p_filter(logits / sampling.temperature, sampling.top_p).softmax(dim=-1)
+        chosen = logits.argmax(dim=-1)
+        return chosen, logits.log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
+    log_probs = top_p_filter(logits / sampling.temperature, sampling.top_p).log_softmax(dim=-1)
+    probs = log_probs.exp()
     cumulative = probs.cumsum(dim=-1)
     total = cumulative[:, -1:]
     # u in [0, 1) times the total can round up to the total itself; stay just below it
     u = torch.minimum(torch.rand(total.shape, dtype=total.dtype, device=total.device) * total,
                       torch.nextafter(total, torch.zeros_like(total)))  # fmt: skip
-    return torch.searchsorted(cumulative, u, right=True).squeeze(1)
+    chosen = torch.searchsorted(cumulative, u, right=True).squeeze(1)
+    return chosen, log_probs.gather(1, chosen[:, None]).squeeze(1)
 
 
 class KVEngine(HFEngine):
@@ -284,15 +288,16 @@ def decode_rows(
     out: list[list[Completion]] = []
     for row_tokens in tokens:
         group = []
-        for ids, finished in row_tokens:
-            group.append(Completion(ids, engine.tokenizer.decode(ids, skip_special_tokens=True), finished))
+        for ids, finished, logprobs in row_tokens:
+            text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+            group.append(Completion(ids, text, finished, tuple(logprobs)))
         out.append(group)
     return out
 
 
 def _decode(
     decoder: KVDecoder, prompts: list[list[int]], counts: list[int], sampling: Sampling, stop_ids: Sequence[int]
-) -> list[list[tuple[list[int], bool]]]:
+) -> list[list[tuple[list[int], bool, list[float]]]]:
     import torch
 
     device, dtype = decoder.embed.device, decoder.dtype
@@ -329,15 +334,17 @@ def _decode(
 
     stops = torch.tensor(list(stop_ids), dtype=torch.long)
     generated = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.long)
+    drawn_logp = torch.zeros((rows, sampling.max_new_tokens))  # each token's log-prob where it was drawn
     steps_done = torch.zeros(rows, dtype=torch.long)  # tokens generated per original row
     finished = torch.zeros(rows, dtype=torch.bool)
     index = torch.arange(rows)  # original row of each batch row
     active = torch.ones(rows, dtype=torch.bool)  # batch rows still generating
     logits = torch.cat(first_logits)
     for step in range(sampling.max_new_tokens):
-        chosen = choose(logits, sampling)
+        chosen, chosen_logp = choose(logits, sampling)
         live = index[active]
         generated[live, step] = chosen[active]
+        drawn_logp[live, step] = chosen_logp[active].float()
         steps_done[live] = step + 1
         stopped = torch.isin(chosen, stops) & active
         finished[index[stopped]] = True
@@ -357,13 +364,13 @@ def _decode(
         hidden = decoder.forward(x, cos_table[positions][:, None], sin_table[positions][:, None], cache, column, mask)
         logits = decoder.logits(hidden)
 
-    out: list[list[tuple[list[int], bool]]] = []
+    out: list[list[tuple[list[int], bool, list[float]]]] = []
     row = 0
     for k in counts:
         group = []
         for r in range(row, row + k):
             ids = generated[r, : int(steps_done[r])].tolist()
-            group.append((ids, bool(finished[r])))
+            group.append((ids, bool(finished[r]), drawn_logp[r, : int(steps_done[r])].tolist()))
         out.append(group)
         row += k
     return out

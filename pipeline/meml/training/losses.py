@@ -45,8 +45,17 @@ def subgroup_advantages(rewards: Tensor, valid: Tensor, kind: str) -> Tensor:
 @dataclass
 class PolicyLossOut:
     loss: Tensor
-    clip_fraction: float
-    kl: float
+    clipped: float  # tokens whose ratio the clip holds back (on the side the advantage pushes)
+    tokens: float  # real (unmasked) tokens
+    kl_sum: float  # sum of the k3 KL estimate over the tokens (0 without a reference)
+
+    @property
+    def clip_fraction(self) -> float:
+        return self.clipped / max(self.tokens, 1.0)
+
+    @property
+    def kl(self) -> float:
+        return self.kl_sum / max(self.tokens, 1.0)
 
 
 def policy_loss(
@@ -59,6 +68,7 @@ def policy_loss(
     length_constant: int = 1,
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    rows_total: int | None = None,
 ) -> PolicyLossOut:
     """Clipped surrogate. logp, old_logp, mask, ref_logp: (N, T); advantages: (N,).
 
@@ -66,27 +76,35 @@ def policy_loss(
     grpo:   mean over sequences of (token sum / the sequence's own length)
     drgrpo: token sum over the batch / (N * length_constant): no per-sequence length normalisation
     KL_k3 = exp(ref - logp) - (ref - logp) - 1, the unbiased non-negative estimator.
+
+    `rows_total`: N when these rows are one micro-batch of a larger batch (default: the rows given).
+    Both aggregations are sums over rows divided by a constant of the whole batch, so the losses of
+    the micro-batches add up to the whole batch's loss, and so do their gradients.
+    A token counts as clipped only where the clip is active: ratio above 1 + eps with A > 0, or
+    below 1 - eps with A < 0 (on the other side min() takes the unclipped term).
     """
+    n = logp.shape[0] if rows_total is None else rows_total
     mask_f = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     per_token = -surrogate
-    kl_mean = 0.0
+    kl_sum = 0.0
     if ref_logp is not None and beta > 0:
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
-        kl_mean = float((kl * mask_f).sum() / mask_f.sum().clamp(min=1))
+        kl_sum = float((kl.detach() * mask_f).sum())
     if kind == "grpo":
-        loss = ((per_token * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)).mean()
+        loss = ((per_token * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)).sum() / n
     elif kind == "drgrpo":
-        loss = (per_token * mask_f).sum() / (logp.shape[0] * length_constant)
+        loss = (per_token * mask_f).sum() / (n * length_constant)
     else:
         raise ValueError(f"unknown loss '{kind}'; known: {', '.join(ADVANTAGES)}")
-    clipped = ((ratio - 1).abs() > clip_eps).to(logp.dtype)
-    clip_fraction = float((clipped * mask_f).sum() / mask_f.sum().clamp(min=1))
-    return PolicyLossOut(loss, clip_fraction, kl_mean)
+    with torch.no_grad():
+        active = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
+        clipped = float((active.to(logp.dtype) * mask_f).sum())
+    return PolicyLossOut(loss, clipped, float(mask_f.sum()), kl_sum)
 
 
 @dataclass(frozen=True)
@@ -97,27 +115,44 @@ class IMLPair:
     rollout: int  # index of O+ among the best expert's rollouts
 
 
-def _exact_means(rewards: Tensor, valid: Tensor) -> list[list[Fraction]]:
-    """Mean reward of every (question, expert) subgroup as an exact fraction of the float32 rewards:
-    two experts with the same rewards in another order must tie, which rounded float means do not."""
+def exact_reward(value: float, correct: bool, format_bonus: float) -> Fraction:
+    """A reward as the exact number it stands for on paper: 1 for a correct answer plus the format
+    bonus as its decimal (0.1 is 1/10, not float32(0.1)). A reward is correct + bonus x present
+    (core/answers.score), so {1.1, 1.0, 0.1} are 11/10, 1 and 1/10 here, and means that tie in
+    decimals tie exactly: in float32, 1.1 - 1 is not 0.1, so three 1.1s and a 0.1 do not sum to
+    three 1.0s and a 0.2."""
+    rest = value - float(correct)
+    bonus = Fraction(str(format_bonus)) if format_bonus else Fraction(0)
+    present = round(rest / format_bonus) if format_bonus else 0
+    if present not in (0, 1) or abs(rest - present * format_bonus) > 1e-4:
+        raise ValueError(f"reward {value} is not {int(correct)} + {format_bonus} x (0 or 1)")
+    return Fraction(int(correct)) + bonus * present
+
+
+def _exact_means(rewards: Tensor, correct: Tensor, valid: Tensor, format_bonus: float) -> list[list[Fraction]]:
+    """Mean reward of every (question, expert) subgroup, exactly (exact_reward): two experts with
+    the same rewards in another order, or with rewards that tie in decimals, must tie."""
     out = []
     for q in range(rewards.shape[0]):
         row = []
         for e in range(rewards.shape[1]):
-            pairs = zip(rewards[q, e].tolist(), valid[q, e].tolist(), strict=True)
-            values = [Fraction(float(v)) for v, ok in pairs if ok]
+            slots = zip(rewards[q, e].tolist(), correct[q, e].tolist(), valid[q, e].tolist(), strict=True)
+            values = [exact_reward(v, c, format_bonus) for v, c, ok in slots if ok]
             row.append(sum(values, Fraction(0)) / len(values) if values else Fraction(0))
         out.append(row)
     return out
 
 
-def iml_pairs(rewards: Tensor, correct: Tensor, valid: Tensor, rng: random.Random | None = None) -> list[IMLPair]:
-    """Per question: best and worst expert by mean reward (compared exactly); O+ = the best expert's
+def iml_pairs(
+    rewards: Tensor, correct: Tensor, valid: Tensor, rng: random.Random | None = None, format_bonus: float = 0.0
+) -> list[IMLPair]:
+    """Per question: best and worst expert by mean reward (compared exactly: _exact_means, with the
+    reward's format bonus); O+ = the best expert's
     first correct rollout. A pair only when the best expert has a correct rollout and beats the
     worst. Ties for best or worst are broken by `rng` (the run passes one seeded by seed and step,
     so resuming draws the same); without it, by the lowest expert index."""
     pairs = []
-    for q, means in enumerate(_exact_means(rewards, valid)):
+    for q, means in enumerate(_exact_means(rewards, correct, valid, format_bonus)):
         top, bottom = max(means), min(means)
         if top == bottom:
             continue
@@ -131,18 +166,28 @@ def iml_pairs(rewards: Tensor, correct: Tensor, valid: Tensor, rng: random.Rando
     return pairs
 
 
-def iml_loss(logp_strong: Tensor, logp_weak: Tensor, mask: Tensor) -> Tensor:
+def iml_loss(
+    logp_strong: Tensor, logp_weak: Tensor, mask: Tensor, weight: Tensor | None = None, pairs_total: int | None = None
+) -> Tensor:
     """L_IML = mean over pairs of mean over O+'s tokens of (sg[log p(O+|Q,P_best)] - log p(O+|Q,P_worst)).
 
     logp_strong, logp_weak, mask: (M, T), the same O+ tokens scored under the two prompts.
     Minimising it raises log p(O+ | Q, P_worst); the strong side gets no gradient.
+    `weight` (M, T), optional: each token's importance weight, w * gap (used on a batch's later
+    updates, where O+ was sampled by an older policy; no gradient flows through it).
+    `pairs_total`: M when these pairs are one micro-batch of more (default: the pairs given).
     """
     mask_f = mask.to(logp_weak.dtype)
     gap = (logp_strong.detach() - logp_weak) * mask_f
-    return (gap.sum(-1) / mask_f.sum(-1).clamp(min=1)).mean()
+    if weight is not None:
+        gap = gap * weight.detach()
+    m = logp_weak.shape[0] if pairs_total is None else pairs_total
+    return (gap.sum(-1) / mask_f.sum(-1).clamp(min=1)).sum() / m
 
 
-def sft_loss(logp: Tensor, mask: Tensor) -> Tensor:
-    """L_SFT = - mean over the examples of mean token log p(O_gt | Q, P_i). logp, mask: (B, T)."""
+def sft_loss(logp: Tensor, mask: Tensor, examples_total: int | None = None) -> Tensor:
+    """L_SFT = - mean over the examples of mean token log p(O_gt | Q, P_i). logp, mask: (B, T).
+    `examples_total`: B when these rows are one micro-batch of more (default: the rows given)."""
     mask_f = mask.to(logp.dtype)
-    return -((logp * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)).mean()
+    b = logp.shape[0] if examples_total is None else examples_total
+    return -((logp * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)).sum() / b

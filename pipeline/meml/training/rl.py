@@ -14,7 +14,8 @@ One step, for Q questions and E experts:
     1. sample Q questions (a seeded permutation per epoch; the position is checkpointed)
     2. every expert e samples n_e rollouts under its own system prompt, all in one batched call
                                                                          -> tensors (Q, E, R)
-       `split`: G rollouts shared among the experts (8 -> 3/3/2); `per_expert`: G each
+       `split`: G rollouts shared among the experts (8 -> 3/3/2, which expert gets the 2 turning
+       from question to question); `per_expert`: G each
     3. rewards from the answer checker (a rollout cut at max_new_tokens scores 0)
                                                                          -> rewards, correct (Q, E, R)
        (dynamic sampling: questions without any reward spread are replaced by fresh ones)
@@ -24,7 +25,8 @@ One step, for Q questions and E experts:
        is full its contents become an SFT batch and it is emptied
     7. `updates_per_batch` optimiser steps on
            L = L_policy + lambda_iml * L_IML + lambda_sft * L_SFT   (L_SFT on the first update only;
-       under rl.buffer.update: separate the drained batch takes a step of its own at its sft_lr)
+       under rl.buffer.update: separate the drained batch takes a step of its own at its sft_lr),
+       every log-prob at the sampling temperature, in micro-batches of rl.micro_batch_tokens
     8. metrics, and a checkpoint every `checkpoint_every` steps
 
 Here: the settings, loading, the loop, steps 4-8. Elsewhere, one idea each: the formulas
@@ -72,7 +74,7 @@ from meml.training.lengths import check_fits, over_cap_shares
 from meml.training.losses import IMLPair, iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from meml.training.rollout_vllm import VLLMSettings
-from meml.training.scoring import completion_logprobs
+from meml.training.scoring import completion_logprobs, micro_batches
 
 __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
@@ -118,6 +120,7 @@ class RLSettings:
     checkpoint_every: int
     keep_checkpoints: bool  # False: the last checkpoint goes once DONE is written
     rollout_batch_size: int
+    micro_batch_tokens: int  # the update's micro-batch: at most this many prompt + completion tokens
     engine: str
     buffer: BufferSettings
     vllm: VLLMSettings  # rl.vllm: the vLLM engine's settings
@@ -156,6 +159,7 @@ class RLSettings:
             # the key's arrival reran no finished cell
             keep_checkpoints=bool(rl.get("keep_checkpoints", True)),
             rollout_batch_size=get(rl, "rollout_batch_size", int),
+            micro_batch_tokens=get(rl, "micro_batch_tokens", int),
             engine=get(rl, "engine", str),
             vllm=VLLMSettings.from_config(rl.get("vllm") or {}),
             buffer=BufferSettings(
@@ -296,14 +300,14 @@ def load(args: RLArgs, paths: RLPaths, precision: Precision, dist: Dist, engine:
         policy.gradient_checkpointing_enable()
     policy.train()
     reference: Any = None
-    if s.beta > 0:
+    if s.beta > 0:  # in the policy's precision (fp32 weights, the same autocast): KL 0 at step 0
         reference = AutoModelForCausalLM.from_pretrained(
-            paths.model, dtype=precision.torch_dtype(), **attention_kwargs(dist.device)
+            paths.model, dtype=torch.float32, **attention_kwargs(dist.device)
         )
         reference.to(torch.device(dist.device)).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=s.lr, weight_decay=0.0)
     sft_optimizer = torch.optim.AdamW(policy.parameters(), lr=s.buffer.sft_lr, weight_decay=0.0)
-    warmup = max(1, s.warmup_steps)
+    warmup = max(1, s.warmup_steps)  # in RL steps: the scheduler steps once a step (update_step)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
     engine = engine or make_engine(
         s.engine, policy, paths.model, tokenizer, s.rollout_batch_size, s.vllm, precision, args.seed, dist.rank
@@ -374,7 +378,7 @@ def run_rl(
         return dict(json.loads((out / "DONE").read_text()))
     tracking = tracking or RunTracking(method.name, args.params)
     Q, experts = s.questions_per_step, list(method.rl_experts)
-    counts = rollouts_per_expert(s.group_size, len(experts), s.spread)  # n_e rollouts of expert e; R = max(counts)
+    counts = rollouts_per_expert(s.group_size, len(experts), s.spread)  # n_e, turned per question; R = max(counts)
 
     # load and check everything that can fail, then start (or resume) in the folder
     run = load(args, paths, precision, dist, engine)
@@ -402,18 +406,19 @@ def run_rl(
         sampled = sample_step(dist, run.records, run.order, Q, sum(counts), method.dynamic_sampling, sample)
         groups, rollout_seconds = sampled.groups, time.time() - t0
         # 4. advantages inside each (question, expert) subgroup, flattened          (N,) sequences
-        seqs = advantages_step(groups, counts, method.advantage, run.stops.end_of_turn)
+        seqs = advantages_step(groups, method.advantage, run.stops.end_of_turn)
         # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
-        iml = iml_step(groups, method.iml, random.Random(f"iml-{args.seed}-{step}-{dist.rank}"))
+        tie_break = random.Random(f"iml-{args.seed}-{step}-{dist.rank}")
+        iml = iml_step(groups, method.iml, tie_break, args.reward.format_bonus)
         # 6. HSFT: failures offered to the buffer (identical in every process); a full one is drained
-        hsft = hsft_step(run, groups, experts, counts, dist, args.prompts) if method.hsft else HSFTBatch()
+        hsft = hsft_step(run, groups, experts, dist, args.prompts) if method.hsft else HSFTBatch()
         # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
         stats = update_step(run.learner, s, method.advantage, seqs, iml, hsft, dist)
         run.engine.sync_weights(policy)
         check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
         # 8. metrics, over every process's questions
         seconds = time.time() - t0
-        metrics = step_metrics(dist, run, sampled, seqs, iml, hsft, experts, counts, stats, seconds, rollout_seconds)
+        metrics = step_metrics(dist, run, sampled, seqs, iml, hsft, experts, stats, seconds, rollout_seconds)
         if tracker is not None:
             tracker.log(step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
@@ -448,19 +453,21 @@ class Sequences:
     prompts: list[list[int]]
     completions: list[list[int]]
     advantages: Tensor  # (N,)
+    sampled_logp: list[tuple[float, ...] | None]  # each token's log p where the engine drew it
 
 
-def advantages_step(groups: Groups, counts: list[int], advantage: str, end_of_turn: int) -> Sequences:
+def advantages_step(groups: Groups, advantage: str, end_of_turn: int) -> Sequences:
     """4. Advantages inside each (question, expert) subgroup (Q, E, R), flattened to N sequences
     (an empty completion is scored as the end-of-turn token alone)."""
     advantages = subgroup_advantages(groups.rewards, groups.valid, advantage)  # (Q, E, R)
-    Q, E = len(groups.records), len(counts)
-    positions = [(q, e, r) for q in range(Q) for e in range(E) for r in range(counts[e])]
+    positions = [(q, e, r) for q, row in enumerate(groups.counts) for e, n in enumerate(row) for r in range(n)]
+    drawn = [groups.completions[q][e][r] for q, e, r in positions]
     return Sequences(
         positions,
         [groups.prompt[q][e] for q, e, _ in positions],
-        [groups.completions[q][e][r].token_ids or [end_of_turn] for q, e, r in positions],
+        [c.token_ids or [end_of_turn] for c in drawn],
         torch.tensor([float(advantages[q, e, r]) for q, e, r in positions]),
+        [c.logprobs if c.token_ids else None for c in drawn],
     )
 
 
@@ -474,11 +481,12 @@ class IMLBatch:
     tokens: list[list[int]] = field(default_factory=list)  # O+, a correct rollout of the best
 
 
-def iml_step(groups: Groups, enabled: bool, tie_break: random.Random) -> IMLBatch:
-    """5. Best and worst expert per question (whole groups: one process each)."""
+def iml_step(groups: Groups, enabled: bool, tie_break: random.Random, format_bonus: float) -> IMLBatch:
+    """5. Best and worst expert per question (whole groups: one process each); rewards compared as
+    the decimals they stand for (losses.exact_reward)."""
     if not enabled:
         return IMLBatch([])
-    pairs = iml_pairs(groups.rewards, groups.correct, groups.valid, tie_break)
+    pairs = iml_pairs(groups.rewards, groups.correct, groups.valid, tie_break, format_bonus)
     return IMLBatch(
         pairs,
         [groups.prompt[p.question][p.worst] for p in pairs],
@@ -496,16 +504,14 @@ class HSFTBatch:
     targets: list[list[int]] = field(default_factory=list)
 
 
-def hsft_step(
-    run: RunState, groups: Groups, experts: list[int], counts: list[int], dist: Dist, prompts: tuple[str, ...]
-) -> HSFTBatch:
+def hsft_step(run: RunState, groups: Groups, experts: list[int], dist: Dist, prompts: tuple[str, ...]) -> HSFTBatch:
     """6. Each expert failing a question more often than K/G offers it (counts, so the threshold is
     exact); every process offers all processes' questions, so the buffers stay identical. A full
     buffer is drained into an SFT batch, shared among the processes."""
     offers = [  # (question, expert, failures, rollouts)
-        (record.id, k, counts[e] - int(groups.correct[q, e, : counts[e]].sum()), counts[e])
+        (record.id, k, n - int(groups.correct[q, e, :n].sum()), n)
         for q, record in enumerate(groups.records)
-        for e, k in enumerate(experts)
+        for e, (k, n) in enumerate(zip(experts, groups.counts[q], strict=True))
     ]
     inserted = 0
     for question_id, k, failures, n in [o for part in dist.gather(offers) for o in part]:
@@ -527,98 +533,166 @@ def update_step(
 ) -> dict[str, float]:
     """7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
     (L_SFT on the first update only, under rl.buffer.update: joint); under `separate` the drained
-    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses."""
-    policy, pad, precision = learner.policy, learner.pad, learner.precision
-    old_logp = ref_logp = None
-    with torch.no_grad(), precision.autocast():
-        if s.updates_per_batch > 1:
-            old_logp, _, _ = completion_logprobs(policy, seqs.prompts, seqs.completions, pad)
-        if learner.reference is not None:
-            ref_logp, _, _ = completion_logprobs(learner.reference, seqs.prompts, seqs.completions, pad)
+    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses, and the gap
+    between the engine's log-probs of the tokens it drew and the learner's at the same weights.
+
+    Every log-prob is taken at the sampling temperature (completion_logprobs), so the ratio, the KL
+    and the entropy are those of the policy that drew the rollouts. Each update runs in
+    micro-batches of at most rl.micro_batch_tokens tokens (scoring.micro_batches), backward after
+    each: the policy's rows first, then IML's and HSFT's rows. Each loss divides by a constant of
+    the whole batch (N rollouts, M pairs, B examples), so the micro-batches' gradients add up to
+    the one-shot gradient of the same loss. The old and the reference log-probs are scored in the
+    same micro-batches as the update, so the first update's ratio is exactly 1."""
+    policy, pad, precision, T = learner.policy, learner.pad, learner.precision, s.temperature
+    device = next(policy.parameters()).device
+    n, m = len(seqs.prompts), len(iml.pairs)
+    t_max = max(len(c) for c in seqs.completions)
+    batches = micro_batches(seqs.prompts, seqs.completions, s.micro_batch_tokens)
+    advantages = seqs.advantages.to(device)
+    strong_rows = _rows_of(seqs.positions, [(p.question, p.best, p.rollout) for p in iml.pairs])  # O+'s policy row
+
+    def score(model: Any, rows: list[int], prompts: list[list[int]], targets: list[list[int]], entropy: bool = False):
+        return completion_logprobs(
+            model, [prompts[r] for r in rows], [targets[r] for r in rows], pad, entropy, temperature=T
+        )
+
+    def policy_rows_scored(model: Any) -> Tensor:  # (N, t_max), no graph
+        out = torch.zeros((n, t_max), device=device)
+        with torch.no_grad(), precision.autocast():
+            for rows in batches:
+                logp, _, _ = score(model, rows, seqs.prompts, seqs.completions)
+                out[rows, : logp.shape[1]] = logp.float()
+        return out
+
+    old_logp = policy_rows_scored(policy) if s.updates_per_batch > 1 else None
+    ref_logp = policy_rows_scored(learner.reference) if learner.reference is not None else None
+
     stats: dict[str, float] = {}
-    n = len(seqs.prompts)
-    strong_rows = [seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs]  # O+ is a policy row
     for update in range(s.updates_per_batch):
-        with precision.autocast():
-            # one scoring call for every row that takes a gradient: the policy's rollouts, then
-            # O+ under the worst expert's prompt (IML), then the drained buffer (HSFT, first update
-            # only); each distinct prompt runs once (scoring.py)
-            with_sft = bool(hsft.prompts) and update == 0 and s.buffer.update == "joint"
-            prompts = seqs.prompts + iml.weak + (hsft.prompts if with_sft else [])
-            targets = seqs.completions + iml.tokens + (hsft.targets if with_sft else [])
-            all_logp, all_mask, all_entropy = completion_logprobs(policy, prompts, targets, pad, with_entropy=True)
-            t_policy = max(len(c) for c in seqs.completions)
-            logp, mask = all_logp[:n, :t_policy], all_mask[:n, :t_policy]
-            assert all_entropy is not None
-            entropy = all_entropy[:n, :t_policy]
-            pl = policy_loss(
-                logp,
-                logp.detach() if old_logp is None else old_logp,
-                seqs.advantages.to(logp.device),
-                mask,
-                advantage,
-                s.clip_eps,
-                s.max_new_tokens,
-                ref_logp,
-                s.beta,
-            )
-            loss = pl.loss
-            l_iml = torch.zeros((), device=loss.device)
-            if iml.pairs:
-                # the strong side, log p(O+ | Q, P_best), is O+'s own row of the policy pass (the
-                # same weights; the loss stops its gradient)
-                m = len(iml.pairs)
-                weak, iml_mask = all_logp[n : n + m], all_mask[n : n + m]
-                strong = torch.zeros_like(weak)
-                for i, row in enumerate(strong_rows):
-                    length = len(iml.tokens[i])
-                    assert seqs.completions[row] == iml.tokens[i]  # the same tokens, scored under P_best
-                    strong[i, :length] = all_logp[row, :length]
-                l_iml = iml_loss(strong, weak, iml_mask)
-                loss = loss + s.lambda_iml * l_iml
-            l_sft = torch.zeros((), device=loss.device)
-            if with_sft:
-                start = n + len(iml.pairs)
-                l_sft = sft_loss(all_logp[start:], all_mask[start:])
-                loss = loss + s.lambda_sft * l_sft
+        with_sft = bool(hsft.prompts) and update == 0 and s.buffer.update == "joint"
         learner.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        now = torch.zeros((n, t_max), device=device)  # the policy rows' log-probs at these weights
+        mask_all = torch.zeros((n, t_max), dtype=torch.bool, device=device)
+        l_policy = l_iml = l_sft = 0.0
+        clipped = tokens = kl_sum = entropy_sum = 0.0
+        for rows in batches:
+            with precision.autocast():
+                logp, mask, entropy = score(policy, rows, seqs.prompts, seqs.completions, entropy=update == 0)
+                t = logp.shape[1]
+                pl = policy_loss(
+                    logp,
+                    logp.detach() if old_logp is None else old_logp[rows, :t],
+                    advantages[rows],
+                    mask,
+                    advantage,
+                    s.clip_eps,
+                    s.max_new_tokens,
+                    None if ref_logp is None else ref_logp[rows, :t],
+                    s.beta,
+                    rows_total=n,
+                )
+            pl.loss.backward()  # this micro-batch's graph is freed here
+            now[rows, :t], mask_all[rows, :t] = logp.detach().float(), mask
+            l_policy += pl.loss.item()
+            clipped, tokens, kl_sum = clipped + pl.clipped, tokens + pl.tokens, kl_sum + pl.kl_sum
+            if entropy is not None:
+                entropy_sum += float((entropy * mask).sum())
+        # IML's rows (O+ under the worst expert's prompt), then HSFT's (first update only)
+        aux_prompts = iml.weak + (hsft.prompts if with_sft else [])
+        aux_targets = iml.tokens + (hsft.targets if with_sft else [])
+        for rows in micro_batches(aux_prompts, aux_targets, s.micro_batch_tokens) if aux_prompts else []:
+            with precision.autocast():
+                logp, mask, _ = score(policy, rows, aux_prompts, aux_targets)
+                loss = torch.zeros((), device=device)
+                pairs = [i for i, r in enumerate(rows) if r < m]
+                if pairs:
+                    # the strong side, log p(O+ | Q, P_best), is O+'s own policy row at these weights
+                    # (the loss stops its gradient); on later updates each token is weighted by its
+                    # clipped importance ratio, since O+ was drawn by the batch's old policy
+                    strong_at = [strong_rows[rows[i]] for i in pairs]
+                    t = min(logp.shape[1], t_max)  # HSFT rows in the micro-batch may be longer
+                    strong = torch.zeros_like(logp[pairs]).float()
+                    strong[:, :t] = now[strong_at, :t]
+                    weight = None
+                    if old_logp is not None and update > 0:
+                        weight = torch.ones_like(strong)
+                        ratio = torch.exp(now[strong_at, :t] - old_logp[strong_at, :t])
+                        weight[:, :t] = ratio.clamp(1 - s.clip_eps, 1 + s.clip_eps)
+                    term = iml_loss(strong, logp[pairs], mask[pairs], weight, pairs_total=m)
+                    loss = loss + s.lambda_iml * term
+                    l_iml += term.item()
+                examples = [i for i, r in enumerate(rows) if r >= m]
+                if examples:
+                    term = sft_loss(logp[examples], mask[examples], examples_total=len(hsft.prompts))
+                    loss = loss + s.lambda_sft * term
+                    l_sft += term.item()
+            loss.backward()
         dist.average_gradients(policy)  # the replicas take the same step
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
         learner.optimizer.step()
-        learner.scheduler.step()
         if update == 0:
-            assert entropy is not None
             stats = {
-                "loss/policy": pl.loss.item(),
-                "loss/total": loss.item(),
-                "loss/iml": l_iml.item(),
-                "loss/sft": l_sft.item(),
-                "kl": pl.kl,
-                "clip_fraction": pl.clip_fraction,
-                "entropy": float((entropy.detach() * mask).sum() / mask.sum()),
+                "loss/policy": l_policy,
+                "loss/total": l_policy + s.lambda_iml * l_iml + s.lambda_sft * l_sft,
+                "loss/iml": l_iml,
+                "loss/sft": l_sft,
+                "kl": kl_sum / max(tokens, 1.0),
+                "clip_fraction": clipped / max(tokens, 1.0),
+                "entropy": entropy_sum / max(tokens, 1.0),
                 "grad_norm": float(grad_norm),
+                **sampler_gap(seqs, now, mask_all),
             }
+    learner.scheduler.step()  # once a step: rl.warmup_steps counts RL steps, not optimiser updates
     if hsft.drained and s.buffer.update == "separate":  # every process steps (its share may be empty)
         stats["loss/sft"] = _separate_sft_step(learner, s, hsft, dist)
     return stats
 
 
+def _rows_of(positions: list[tuple[int, int, int]], wanted: list[tuple[int, int, int]]) -> dict[int, int]:
+    """{i: the row of positions holding wanted[i]}, found in one pass."""
+    where = {position: row for row, position in enumerate(positions)}
+    return {i: where[w] for i, w in enumerate(wanted)}
+
+
+def sampler_gap(seqs: Sequences, learner_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """|engine log p - learner log p| over the tokens the engine drew, at the same weights (before
+    the update): mean and max. At round-off when the learner scores the policy that sampled (same
+    temperature, same tokens, weights in sync); a temperature the learner ignores shows as a gap of
+    order |1/T - 1| times a logit. Rows whose engine reports no log-probs are left out."""
+    gaps: list[Tensor] = []
+    for row, drawn in enumerate(seqs.sampled_logp):
+        if drawn is None or len(drawn) != int(mask[row].sum()):
+            continue
+        gaps.append((learner_logp[row, : len(drawn)].double().cpu() - torch.tensor(drawn, dtype=torch.float64)).abs())
+    if not gaps:
+        return {}
+    every = torch.cat(gaps)
+    return {"sampler_gap/mean": float(every.mean()), "sampler_gap/max": float(every.max())}
+
+
 def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: Dist) -> float:
+    """The drained batch's own AdamW step at rl.buffer.sft_lr, an SFT update as the SFT stage takes
+    it (temperature 1), in micro-batches like the RL update."""
     policy = learner.policy
-    with learner.precision.autocast():
-        if hsft.prompts:
-            sft_logp, sft_mask, _ = completion_logprobs(policy, hsft.prompts, hsft.targets, learner.pad)
-            l_sft = sft_loss(sft_logp, sft_mask)
-        else:  # a zero loss that still touches every weight, so the gradient averaging matches
-            device = next(policy.parameters()).device
-            l_sft = sum((p.sum() * 0 for p in policy.parameters()), torch.zeros((), device=device))
+    device = next(policy.parameters()).device
     learner.sft_optimizer.zero_grad(set_to_none=True)
-    l_sft.backward()
+    total = 0.0
+    if hsft.prompts:
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens):
+            with learner.precision.autocast():
+                sft_logp, sft_mask, _ = completion_logprobs(
+                    policy, [hsft.prompts[r] for r in rows], [hsft.targets[r] for r in rows], learner.pad
+                )
+                l_sft = sft_loss(sft_logp, sft_mask, examples_total=len(hsft.prompts))
+            l_sft.backward()
+            total += l_sft.item()
+    else:  # a zero loss that still touches every weight, so the gradient averaging matches
+        zero = sum((p.sum() * 0 for p in policy.parameters()), torch.zeros((), device=device))
+        zero.backward()
     dist.average_gradients(policy)
     torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
     learner.sft_optimizer.step()
-    return float(l_sft.item())
+    return total
 
 
 def step_metrics(
@@ -629,7 +703,6 @@ def step_metrics(
     iml: IMLBatch,
     hsft: HSFTBatch,
     experts: list[int],
-    counts: list[int],
     stats: dict[str, float],
     seconds: float,
     rollout_seconds: float,
@@ -638,8 +711,9 @@ def step_metrics(
     (averaged over the processes here). Names: reward/*, accuracy/mean; subgroups/all_wrong (the
     share of (question, expert) subgroups with no correct rollout: where plain GRPO has no gradient)
     and per expert; iml/pairs; hsft/*; completion/* (length, finished share, truncated share per
-    expert); dynamic/*; perf/* (seconds: the only values that differ between identical runs)."""
-    E, groups, buf, policy = len(experts), sampled.groups, run.buf, run.learner.policy
+    expert); dynamic/*; sampler_gap/* (the engine's log-probs against the learner's); perf/*
+    (seconds: the only values that differ between identical runs)."""
+    groups, buf, policy = sampled.groups, run.buf, run.learner.policy
     completions, positions = groups.completions, seqs.positions
     rewards, correct, valid = (torch.cat(dist.gather(t)) for t in (groups.rewards, groups.correct, groups.valid))
     group_sizes = [n for part in dist.gather([sum(map(len, c)) for c in completions]) for n in part]
@@ -648,9 +722,11 @@ def step_metrics(
     prompt_tokens = sum(dist.gather(sum(len(p) for p in seqs.prompts)))
     per_process = dist.gather(stats)  # losses of each process's share, averaged
     metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
+    # (Q, E) success rate of each subgroup (subgroup sizes differ from question to question)
+    success = (correct & valid).sum(-1).float() / valid.sum(-1).clamp(min=1)
     for e, k in enumerate(experts):
-        sub = correct[:, e, : counts[e]].float().mean(-1)  # (Q,) success rate of each subgroup
-        metrics[f"reward/expert{k}"] = float(rewards[:, e, : counts[e]].mean())
+        sub = success[:, e]
+        metrics[f"reward/expert{k}"] = float(rewards[:, e][valid[:, e]].mean())
         metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
         metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
         # the share of the expert's rollouts cut at max_new_tokens (a cut answer scores 0)
@@ -658,7 +734,7 @@ def step_metrics(
         done, total = sum(dist.gather(sum(ends))), sum(dist.gather(len(ends)))
         metrics[f"completion/truncated/expert{k}"] = 1.0 - done / total if total else 0.0
     question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
-    all_wrong = torch.stack([(correct[:, e, : counts[e]].float().mean(-1) == 0) for e in range(E)])
+    all_wrong = success == 0  # (Q, E)
     metrics.update(
         {
             "subgroups/all_wrong": float(all_wrong.float().mean()),
@@ -681,7 +757,8 @@ def step_metrics(
             "perf/rollout_seconds": rollout_seconds,
             "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),
             "lr": float(run.learner.scheduler.get_last_lr()[0]),
-            **{k: statistics.fmean(p[k] for p in per_process) for k in stats},
+            # a maximum over the processes is their maximum; every other value their mean
+            **{k: (max if k.endswith("/max") else statistics.fmean)(p[k] for p in per_process) for k in stats},
         }
     )
     if dist.world > 1:  # the replicas and their buffers must stay identical after every step

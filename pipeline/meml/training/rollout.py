@@ -41,6 +41,9 @@ class Completion:
     token_ids: list[int]  # completion tokens, the stop token included when the model stopped, no padding
     text: str  # decoded without special tokens
     finished: bool  # ended with a stop token (stops.py), not cut at max_new_tokens
+    # log p of each token where the engine drew it (softmax(logits / T), after top-p); None when the
+    # engine does not report them. The RL loop logs its gap to the learner's own log-probs.
+    logprobs: tuple[float, ...] | None = None
 
 
 class RolloutEngine(Protocol):

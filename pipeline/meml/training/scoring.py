@@ -45,8 +45,11 @@ def completion_logprobs(
     pad: int,
     with_entropy: bool = False,
     rows_per_pass: int = ROWS_PER_PASS,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per-token log p of each completion given its prompt, in the rows' own order.
+    """Per-token log p of each completion given its prompt, in the rows' own order, under
+    softmax(logits / temperature): the distribution the rollouts were sampled from (the RL update
+    passes rl.temperature, so the ratio, the KL and the entropy are those of the sampling policy).
 
     Returns logp (N, T), mask (N, T) and, if asked, the entropy of each predicted token's
     distribution (N, T); T = the longest completion, zeros past each row's end. Completions must
@@ -58,8 +61,10 @@ def completion_logprobs(
         raise ValueError("completion_logprobs: every completion needs at least one token")
     t_max = max(len(c) for c in completions)
     device = next(model.parameters()).device
+    if temperature <= 0:
+        raise ValueError(f"completion_logprobs: temperature must be positive, got {temperature}")
     if model.training and getattr(model, "is_gradient_checkpointing", False):
-        return whole_rows(model, prompts, completions, pad, with_entropy, rows_per_pass)
+        return whole_rows(model, prompts, completions, pad, with_entropy, rows_per_pass, temperature)
 
     # 1. the distinct prompts, right-padded, once
     distinct: dict[tuple[int, ...], int] = {}
@@ -75,7 +80,7 @@ def completion_logprobs(
     ids, seen, lengths = ids.to(device), seen.to(device), lengths.to(device)
     out = model.get_decoder()(input_ids=ids, attention_mask=seen, use_cache=True)
     last = out.last_hidden_state[torch.arange(len(unique), device=device), lengths - 1]  # (P, hidden)
-    first_logits = model.get_output_embeddings()(last).float()  # (P, V): predicts completion token 0
+    first_logits = model.get_output_embeddings()(last).float() / temperature  # (P, V): completion token 0
     cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # (P, Hkv, W, D) each
 
     rows_of = torch.tensor(which, device=device)
@@ -106,14 +111,17 @@ def completion_logprobs(
             targets[i, : len(c) - 1] = torch.tensor(c[1:])
             valid[i, : len(c) - 1] = 1
         fed, targets, valid = fed.to(device), targets.to(device), valid.to(device)
-        logits = model(
-            input_ids=fed,
-            attention_mask=torch.cat([seen[index], valid], dim=1),  # own prompt, then own tokens
-            position_ids=lengths[index][:, None] + torch.arange(t_pass, device=device),
-            past_key_values=past,
-            cache_position=torch.arange(width, width + t_pass, device=device),
-            use_cache=True,
-        ).logits.float()  # (r, t_pass, V)
+        logits = (
+            model(
+                input_ids=fed,
+                attention_mask=torch.cat([seen[index], valid], dim=1),  # own prompt, then own tokens
+                position_ids=lengths[index][:, None] + torch.arange(t_pass, device=device),
+                past_key_values=past,
+                cache_position=torch.arange(width, width + t_pass, device=device),
+                use_cache=True,
+            ).logits.float()
+            / temperature
+        )  # (r, t_pass, V)
         log_probs = torch.log_softmax(logits, dim=-1)
         fill = (0, t_max - 1 - t_pass)
         picked = log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid
@@ -151,10 +159,13 @@ def whole_rows(
     pad: int,
     with_entropy: bool = False,
     rows_per_pass: int = ROWS_PER_PASS,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The same values without a shared prompt pass: each row is prompt + completion, rows sorted by
-    length and right-padded `rows_per_pass` at a time; logits only from each pass's shortest prompt
-    on, and the completion token j of a row is scored by the logits at len(prompt) + j - 1."""
+    length and right-padded `rows_per_pass` at a time. The output layer runs only on the hidden
+    states that predict a completion token (completion token j of a row is predicted at position
+    len(prompt) + j - 1), gathered to the pass's own longest completion: a pass holds (rows,
+    t_pass, V) logits, not (rows, t_max, V) nor (rows, width, V)."""
     n, t_max = len(prompts), max(len(c) for c in completions)
     device = next(model.parameters()).device
     order = sorted(range(n), key=lambda row: len(prompts[row]) + len(completions[row]))
@@ -163,25 +174,28 @@ def whole_rows(
     for start in range(0, n, rows_per_pass):
         rows = order[start : start + rows_per_pass]
         width = max(len(prompts[r]) + len(completions[r]) for r in rows)
-        first = min(len(prompts[r]) for r in rows) - 1  # the first position whose logits are needed
+        t_pass = max(len(completions[r]) for r in rows)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         seen = torch.zeros((len(rows), width), dtype=torch.long)
-        index = torch.zeros((len(rows), t_max), dtype=torch.long)  # position (from `first`) scoring token j
-        targets = torch.zeros((len(rows), t_max), dtype=torch.long)
-        valid = torch.zeros((len(rows), t_max), dtype=torch.bool)
+        index = torch.zeros((len(rows), t_pass), dtype=torch.long)  # the position predicting token j
+        targets = torch.zeros((len(rows), t_pass), dtype=torch.long)
+        valid = torch.zeros((len(rows), t_pass), dtype=torch.bool)
         for i, r in enumerate(rows):
             p, c = prompts[r], completions[r]
             ids[i, : len(p) + len(c)] = torch.tensor(p + c)
             seen[i, : len(p) + len(c)] = 1
-            index[i, : len(c)] = torch.arange(len(p) - 1 - first, len(p) - 1 - first + len(c))
+            index[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
             targets[i, : len(c)] = torch.tensor(c)
             valid[i, : len(c)] = True
         ids, seen, index, targets, valid = (x.to(device) for x in (ids, seen, index, targets, valid))
-        logits = model(input_ids=ids, attention_mask=seen, logits_to_keep=width - first).logits.float()
-        log_probs = torch.log_softmax(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), dim=-1)
-        logps.append(log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=seen).last_hidden_state  # (r, width, H)
+        wanted = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # (r, t_pass, H)
+        logits = model.get_output_embeddings()(wanted).float() / temperature  # (r, t_pass, V)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        fill = (0, t_max - t_pass)
+        logps.append(torch.nn.functional.pad(log_probs.gather(-1, targets[..., None]).squeeze(-1) * valid, fill))
         if with_entropy:
-            entropies.append(_entropy(log_probs) * valid)
+            entropies.append(torch.nn.functional.pad(_entropy(log_probs) * valid, fill))
     back = torch.empty(n, dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(n)
     back = back.to(device)
@@ -190,3 +204,42 @@ def whole_rows(
         mask[row, : len(c)] = True
     entropy = torch.cat(entropies)[back] if with_entropy else None
     return torch.cat(logps)[back], mask.to(device), entropy
+
+
+def micro_batches(prompts: list[list[int]], completions: list[list[int]], token_budget: int) -> list[list[int]]:
+    """The rows of one update cut into micro-batches of at most `token_budget` tokens (each row
+    counted as prompt + completion, as the model sees it), in a fixed order. The update scores and
+    back-propagates one micro-batch at a time, so what autograd keeps is one micro-batch's, not the
+    batch's (rl.micro_batch_tokens).
+
+    Rows that share a prompt stay together (completion_logprobs then runs that prompt once); groups
+    are taken in order of their longest completion, so rows of similar length share a micro-batch
+    and one long rollout does not widen the others' passes. A group over the budget is split, and a
+    single row over it is a micro-batch of its own."""
+    if token_budget < 1:
+        raise ValueError(f"micro_batches: token_budget must be positive, got {token_budget}")
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for row, p in enumerate(prompts):
+        by_prompt.setdefault(tuple(p), []).append(row)
+    groups = sorted(by_prompt.values(), key=lambda rows: (max(len(completions[r]) for r in rows), rows[0]))
+
+    def cost(row: int) -> int:
+        return len(prompts[row]) + len(completions[row])
+
+    batches: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for rows in groups:
+        group_cost = sum(cost(r) for r in rows)
+        if current and used + group_cost > token_budget:
+            batches.append(current)
+            current, used = [], 0
+        for row in rows:  # a group larger than the budget is split
+            if current and used + cost(row) > token_budget:
+                batches.append(current)
+                current, used = [], 0
+            current.append(row)
+            used += cost(row)
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,216 @@
+"""The RL update at the shapes that matter on a GPU (training/rl.update_step): micro-batches whose
+gradients add up to the one-shot update's, memory that follows the longest micro-batch and not
+the batch, and log-probs taken at the temperature the rollouts were sampled at."""
+
+from __future__ import annotations
+
+import random
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from meml.core.precision import resolve
+from meml.data.experts import DEFAULT_PROMPTS
+from meml.data.tiny_models import build_tiny_models, toy_corpus
+from meml.training.distributed import Dist
+from meml.training.kv_decode import KVEngine
+from meml.training.losses import IMLPair, iml_loss, policy_loss, sft_loss
+from meml.training.rl import HSFTBatch, IMLBatch, Learner, RLSettings, Sequences, update_step
+from meml.training.rollout import Sampling
+from meml.training.scoring import completion_logprobs, micro_batches
+from tests.test_rl import CONFIG
+
+
+@pytest.fixture(scope="module")
+def models(small_world: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("update_models")
+    return build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), out, seed=5, vocab_size=400)
+
+
+def _settings(**changes: Any) -> RLSettings:
+    rl = {**CONFIG["rl"], "max_grad_norm": 1e9, "temperature": 0.7, **changes}
+    return RLSettings.from_config(rl)
+
+
+def _learner(model: Any, lr: float = 0.0) -> Learner:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    sft_optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    return Learner(model, None, optimizer, sft_optimizer, scheduler, resolve("cpu"), pad=0)
+
+
+def _batch(seed: int, vocab: int = 390) -> tuple[Sequences, IMLBatch, HSFTBatch]:
+    """Two questions x three experts with 3/3/2 rollouts of 1-12 tokens; two IML pairs whose O+ is a
+    policy row; three HSFT examples (one longer than any rollout)."""
+    rng = random.Random(seed)
+    prompt = [[[rng.randrange(3, vocab) for _ in range(rng.randint(4, 9))] for _ in range(3)] for _ in range(2)]
+    positions = [(q, e, r) for q in range(2) for e, n in enumerate([3, 3, 2]) for r in range(n)]
+    completions = {p: [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))] for p in positions}
+    seqs = Sequences(
+        positions,
+        [prompt[q][e] for q, e, _ in positions],
+        [completions[p] for p in positions],
+        torch.tensor([rng.uniform(-1.5, 1.5) for _ in positions]),
+        [None] * len(positions),
+    )
+    pairs = [IMLPair(0, 1, 2, 0), IMLPair(1, 0, 1, 2)]
+    iml = IMLBatch(pairs, [prompt[p.question][p.worst] for p in pairs],
+                   [completions[(p.question, p.best, p.rollout)] for p in pairs])  # fmt: skip
+    hsft = HSFTBatch(
+        0,
+        [],
+        [prompt[0][2], prompt[1][1], prompt[1][0]],
+        [[rng.randrange(3, vocab) for _ in range(n)] for n in (5, 17, 2)],
+    )
+    return seqs, iml, hsft
+
+
+def _one_shot_gradient(model: Any, s: RLSettings, kind: str, seqs: Sequences, iml: IMLBatch, hsft: HSFTBatch) -> Any:
+    """The update as one scoring call and one backward, written out from the formulas: the
+    reference the micro-batched update must equal."""
+    model.zero_grad(set_to_none=True)
+    n, m = len(seqs.prompts), len(iml.pairs)
+    logp, mask, _ = completion_logprobs(
+        model, seqs.prompts + iml.weak + hsft.prompts, seqs.completions + iml.tokens + hsft.targets, 0,
+        temperature=s.temperature,
+    )  # fmt: skip
+    pl = policy_loss(logp[:n], logp[:n].detach(), seqs.advantages, mask[:n], kind, s.clip_eps, s.max_new_tokens)
+    strong_rows = [seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs]
+    l_iml = iml_loss(logp[strong_rows], logp[n : n + m], mask[n : n + m])
+    l_sft = sft_loss(logp[n + m :], mask[n + m :])
+    (pl.loss + s.lambda_iml * l_iml + s.lambda_sft * l_sft).backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["grpo", "drgrpo"])
+@pytest.mark.parametrize("budget", [1, 40, 10**6])
+def test_micro_batched_gradient_equals_the_one_shot_gradient(models: dict[str, Path], kind: str, budget: int) -> None:
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    s = _settings(micro_batch_tokens=budget, lambda_iml=0.3, lambda_sft=0.5)
+    seqs, iml, hsft = _batch(0)
+    expected = _one_shot_gradient(model, s, kind, seqs, iml, hsft)
+    if budget == 40:  # the budget really cuts the batch
+        assert len(micro_batches(seqs.prompts, seqs.completions, budget)) > 3
+    update_step(_learner(model), s, kind, seqs, iml, hsft, Dist(0, 1, "cpu"))
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], atol=2e-6, rtol=1e-4), name
+
+
+def test_micro_batches_keep_prompts_together_and_respect_the_budget() -> None:
+    prompts = [[1] * 4, [2] * 4, [1] * 4, [3] * 4, [2] * 4, [1] * 4]
+    completions = [[9] * 2, [9] * 30, [9] * 3, [9] * 2, [9] * 1, [9] * 5]
+    batches = micro_batches(prompts, completions, 30)
+    assert sorted(r for b in batches for r in b) == list(range(6))  # every row once
+    for b in batches:
+        assert sum(len(prompts[r]) + len(completions[r]) for r in b) <= 30 or len(b) == 1
+    # the prompt-[1] rows (22 tokens) share one micro-batch, with the short prompt-[3] row (6); the
+    # 34-token row is alone, its prompt's short sibling split off into a micro-batch of its own
+    assert batches == [[3, 0, 2, 5], [1], [4]]
+
+
+def _saved_bytes_peak(fn: Any, model: Any) -> int:
+    """The most bytes autograd holds for backward at any moment while `fn` runs: each storage
+    counted once however many nodes save it, parameters aside (they are the model's, not the
+    batch's). A saved tensor is released when its graph is freed (after its backward)."""
+    live = peak = 0
+    holders: dict[int, int] = {}  # storage -> how many saved references hold it
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    class Held:
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t = t
+
+    def pack(t: torch.Tensor) -> Any:
+        nonlocal live, peak
+        key = t.untyped_storage().data_ptr()
+        if key in params:
+            return t
+        size = t.untyped_storage().nbytes()
+        if holders.get(key, 0) == 0:
+            live += size
+            peak = max(peak, live)
+        holders[key] = holders.get(key, 0) + 1
+        held = Held(t)
+
+        def release() -> None:
+            nonlocal live
+            holders[key] -= 1
+            if holders[key] == 0:
+                live -= size
+
+        weakref.finalize(held, release)
+        return held
+
+    def unpack(h: Any) -> torch.Tensor:
+        return h.t if isinstance(h, Held) else h
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        fn()
+    return peak
+
+
+@pytest.mark.parametrize("long", [50, 200])
+def test_saved_bytes_follow_the_longest_micro_batch_not_the_batch(long: int) -> None:
+    """A one-layer model with SmolLM2's 49,152-token vocabulary; 15 rows of 10 tokens and one of
+    `long`. One-shot, the long row's pass pads seven short rows to its length and every pass's graph
+    stays alive until the one backward; in micro-batches, only one micro-batch's graph is alive."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
+    model = LlamaForCausalLM(config).train()
+    rng = random.Random(1)
+    positions = [(q, 0, r) for q in range(4) for r in range(4)]
+    prompts = [[rng.randrange(3, 49_000) for _ in range(6)] for _ in range(4)]
+    completions = [[rng.randrange(3, 49_000) for _ in range(long if i == 5 else 10)] for i in range(16)]
+    seqs = Sequences(positions, [prompts[q] for q, _, _ in positions], completions,
+                     torch.linspace(-1, 1, 16), [None] * 16)  # fmt: skip
+    vocab_row = 49_152 * 4  # one fp32 log-prob row of the vocabulary
+
+    def run(budget: int) -> int:
+        def step() -> None:
+            update_step(_learner(model), _settings(micro_batch_tokens=budget), "grpo", seqs, IMLBatch([]), HSFTBatch(),
+                        Dist(0, 1, "cpu"))  # fmt: skip
+
+        return _saved_bytes_peak(step, model)
+
+    one_shot, micro = run(10**6), run(64)
+    print(f"long row {long}: one-shot {one_shot / 2**20:.0f} MiB, micro-batched {micro / 2**20:.0f} MiB")
+    # the longest micro-batch is the long row alone: about `long` vocabulary rows, kept once
+    assert micro < 1.5 * long * vocab_row + 2**20
+    # one-shot keeps every pass, the long one padded to its length with seven neighbours
+    assert one_shot > 6 * long * vocab_row
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_learner_scores_the_tokens_at_the_samplers_temperature(models: dict[str, Path], temperature: float) -> None:
+    """The kv engine reports each drawn token's log-prob; the learner's, at the same weights and
+    temperature, equals it to fp32 round-off. Scored at temperature 1 instead (the old learner),
+    a rollout sampled at 0.7 is off by far more: the check would have caught it at the first step."""
+    from transformers import AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(models["llama"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(models["llama"])
+    engine = KVEngine(model, tokenizer, batch_size=16)
+    torch.manual_seed(0)
+    prompts = [[5, 9, 14, 3, 6], [7, 2, 30, 31]]
+    drawn = engine.generate(prompts, 4, Sampling(max_new_tokens=24, temperature=temperature))
+    rows = [(p, c) for p, group in zip(prompts, drawn, strict=True) for c in group]
+    with torch.no_grad():
+        logp, _, _ = completion_logprobs(model, [p for p, _ in rows], [c.token_ids for _, c in rows], 0,
+                                            temperature=temperature)  # fmt: skip
+        at_one, _, _ = completion_logprobs(model, [p for p, _ in rows], [c.token_ids for _, c in rows], 0)
+    gaps, gaps_at_one = [], []
+    for i, (_, c) in enumerate(rows):
+        assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+        sampled = torch.tensor(c.logprobs)
+        gaps.append((logp[i, : len(sampled)] - sampled).abs())
+        gaps_at_one.append((at_one[i, : len(sampled)] - sampled).abs())
+    gap, gap_at_one = float(torch.cat(gaps).max()), float(torch.cat(gaps_at_one).max())
+    print(f"T={temperature}: max gap {gap:.2e} at T, {gap_at_one:.2e} when scored at 1")
+    assert gap < 1e-4
+    if temperature != 1.0:
+        assert gap_at_one > 1e-2
