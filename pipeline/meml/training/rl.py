@@ -42,7 +42,6 @@ engine's weights are synced and checked (rollout.check_synced).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
@@ -375,7 +374,7 @@ def run_rl(
     precision = args.precision or resolve("cpu")
     dist = Dist.from_env(precision.device)
     if rl_run.same_params(out, args.params) and (out / "DONE").is_file():
-        return dict(json.loads((out / "DONE").read_text()))
+        return rl_run.settle(out, s.keep_checkpoints, dist)  # finished (what follows DONE, if a crash cut it)
     tracking = tracking or RunTracking(method.name, args.params)
     Q, experts = s.questions_per_step, list(method.rl_experts)
     counts = rollouts_per_expert(s.group_size, len(experts), s.spread)  # n_e, turned per question; R = max(counts)

@@ -5,6 +5,12 @@ Everything that can fail is loaded and checked (rl.load) before an old run in th
 touched; a run whose cell values changed, or whose DONE was removed (`snakemake --forcerun`), is
 moved into <run>/previous/<time>/ (nothing is deleted) and its MLflow run retagged.
 
+Finishing is a sequence that a crash may cut anywhere, and a rerun resumes it: the last checkpoint
+(the last step) stays until DONE is written, so a rerun loads it, runs no step, and finishes again;
+each step of `finish` can be done twice. A forced rerun is told apart by what it changes: it removes
+a DONE that had been written, and `finished.json`, written right after DONE and kept by Snakemake
+(it is no output of the rule), says one had been. A crash before DONE leaves no finished.json.
+
 A checkpoint keeps, by name, what rl.RunState.checkpointed gives (the model, both optimisers, the
 schedule, the question order, the buffer), the step, and one RNG state per process.
 """
@@ -25,7 +31,7 @@ from meml.core.tracking import MLflowSettings, Tracker, read_metrics
 from meml.training import checkpoint
 from meml.training.distributed import Dist
 
-RUN_FILES = ("checkpoints", "model", "metrics.jsonl", "DONE", "mlflow_run_id", "cell.json")
+RUN_FILES = ("checkpoints", "model", "metrics.jsonl", "DONE", "finished.json", "mlflow_run_id", "cell.json")
 
 
 def start(out: Path, params: dict[str, Any], steps: int, mlflow: MLflowSettings | None, dist: Dist) -> None:
@@ -33,13 +39,17 @@ def start(out: Path, params: dict[str, Any], steps: int, mlflow: MLflowSettings 
     moves aside first. Only now is the folder touched."""
     if dist.is_main:
         newest = checkpoint.newest_marked(out / "checkpoints")  # no checksum needed to read its step
+        last_kept = newest is not None and checkpoint.step_of(newest) >= steps
         if not same_params(out, params):
             move_aside(out, "the cell's values changed", mlflow)
         elif not (out / "DONE").is_file() and (
-            (newest is not None and checkpoint.step_of(newest) >= steps) or (out / "model").exists()
+            (out / "finished.json").is_file() or ((out / "model").exists() and not last_kept)
         ):
-            # a finished run whose DONE was removed (snakemake --forcerun): train it again (its final
-            # model tells it apart where rl.keep_checkpoints: false removed its last checkpoint)
+            # DONE had been written and is gone (snakemake --forcerun): train the cell again. (A final
+            # model without its last checkpoint is a finished run too: finish removes that checkpoint
+            # only after DONE, under rl.keep_checkpoints: false, or the run predates finished.json.)
+            # A final model beside the last checkpoint and no finished.json is a crash inside
+            # finish: resume loads the last step and finish runs again, nothing is retrained.
             move_aside(out, "its DONE marker was removed (a forced rerun)", mlflow)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "cell.json", params)
@@ -85,9 +95,11 @@ def finish(
     tracker: Tracker | None,
     keep_checkpoints: bool = True,
 ) -> dict[str, Any]:
-    """The final model, then the run's summary (with the metrics' first and last rewards) in DONE,
-    written last; with keep_checkpoints false the checkpoints go after it (a crash in between
-    leaves them, harmlessly)."""
+    """The final model, MLflow's artifacts, DONE (the summary, with the metrics' first and last
+    rewards), then `settle`: finished.json, and (keep_checkpoints false) the checkpoints go. A crash at any
+    point leaves the last checkpoint beside no DONE, which the rerun resumes into this function
+    again; every step here may run twice (the model is rewritten atomically, the MLflow run
+    reopened and closed)."""
     if dist.is_main:
         from meml.data.tiny_models import save_atomically
 
@@ -106,10 +118,21 @@ def finish(
         tracker.log_artifact(out / "cell.json")  # the values that define the cell
         tracker.close()
         atomic_write_json(out / "DONE", done)
+    dist.barrier()
+    return settle(out, keep_checkpoints, dist)
+
+
+def settle(out: Path, keep_checkpoints: bool, dist: Dist) -> dict[str, Any]:
+    """What follows DONE, also for a run found finished (a crash may have come between): finished.json
+    (a DONE was written, so its removal is a forced rerun), then the checkpoints go (keep_checkpoints
+    false). Returns DONE."""
+    done = dict(json.loads((out / "DONE").read_text()))
+    if dist.is_main:
+        if not (out / "finished.json").is_file():
+            atomic_write_json(out / "finished.json", done)
         if not keep_checkpoints:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    dist.barrier()
-    return dict(json.loads((out / "DONE").read_text()))
+    return done
 
 
 def move_aside(out: Path, why: str, mlflow: MLflowSettings | None) -> None:
