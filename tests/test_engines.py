@@ -165,3 +165,30 @@ def test_without_vllm_the_project_imports_and_the_engine_explains(
         make_engine("vllm", None, model_dir, None, 16, vllm, resolve("cpu"), seed=0)
     with pytest.raises(DataError, match=r"'rl\.engine'"):
         make_engine("sglang", None, model_dir, None, 16, vllm, resolve("cpu"), seed=0)
+
+
+def test_vllm_completions_are_the_tokens_it_drew_with_their_logprobs() -> None:
+    """A turn vLLM stopped on an end-of-sequence id the stop list lacks (Llama-3.2's <|eom_id|>,
+    listed in its generation config) ends with that id: no end-of-turn token is appended that the
+    policy never sampled. Each token's log-prob is the drawn one's."""
+    from types import SimpleNamespace
+
+    from meml.training.rollout_vllm import completion_of
+
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return " ".join(str(i) for i in ids if not (skip_special_tokens and i >= 900))
+
+    eom = 908  # a special id outside stops.py's list
+    steps = [
+        {5: SimpleNamespace(logprob=-0.5)},
+        {6: SimpleNamespace(logprob=-1.25)},
+        {eom: SimpleNamespace(logprob=-2.0)},
+    ]
+    stopped = SimpleNamespace(token_ids=[5, 6, eom], logprobs=steps, finish_reason="stop")
+    c = completion_of(stopped, Tok())
+    assert c.token_ids == [5, 6, eom] and c.finished and c.text == "5 6"
+    assert c.logprobs == (-0.5, -1.25, -2.0)
+    cut = SimpleNamespace(token_ids=[5, 6], logprobs=steps[:2], finish_reason="length")
+    assert completion_of(cut, Tok()).token_ids == [5, 6] and not completion_of(cut, Tok()).finished
+    assert completion_of(SimpleNamespace(token_ids=[5], logprobs=None, finish_reason="stop"), Tok()).logprobs is None

@@ -20,7 +20,7 @@ from meml.training.distributed import Dist
 from meml.training.kv_decode import KVEngine
 from meml.training.losses import IMLPair, iml_loss, policy_loss, sft_loss
 from meml.training.rl import HSFTBatch, IMLBatch, Learner, RLSettings, Sequences, update_step
-from meml.training.rollout import Sampling
+from meml.training.rollout import HFEngine, Sampling
 from meml.training.scoring import completion_logprobs, micro_batches
 from tests.test_rl import CONFIG
 
@@ -185,16 +185,20 @@ def test_saved_bytes_follow_the_longest_micro_batch_not_the_batch(long: int) -> 
     assert one_shot > 6 * long * vocab_row
 
 
+@pytest.mark.parametrize("engine_kind", ["kv", "hf"])
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_the_learner_scores_the_tokens_at_the_samplers_temperature(models: dict[str, Path], temperature: float) -> None:
-    """The kv engine reports each drawn token's log-prob; the learner's, at the same weights and
-    temperature, equals it to fp32 round-off. Scored at temperature 1 instead (the old learner),
-    a rollout sampled at 0.7 is off by far more: the check would have caught it at the first step."""
+def test_the_learner_scores_the_tokens_at_the_samplers_temperature(
+    models: dict[str, Path], temperature: float, engine_kind: str
+) -> None:
+    """The kv engine and transformers' generate report each drawn token's log-prob; the learner's,
+    at the same weights and temperature, equals it to fp32 round-off. Scored at temperature 1
+    instead (the old learner), a rollout sampled at 0.7 is off by far more: the check would have
+    caught it at the first step. (vLLM's: tests/test_vllm.py.)"""
     from transformers import AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(models["llama"]).eval()
     tokenizer = AutoTokenizer.from_pretrained(models["llama"])
-    engine = KVEngine(model, tokenizer, batch_size=16)
+    engine = KVEngine(model, tokenizer, batch_size=16) if engine_kind == "kv" else HFEngine(model, tokenizer, 16)
     torch.manual_seed(0)
     prompts = [[5, 9, 14, 3, 6], [7, 2, 30, 31]]
     drawn = engine.generate(prompts, 4, Sampling(max_new_tokens=24, temperature=temperature))
@@ -210,7 +214,7 @@ def test_the_learner_scores_the_tokens_at_the_samplers_temperature(models: dict[
         gaps.append((logp[i, : len(sampled)] - sampled).abs())
         gaps_at_one.append((at_one[i, : len(sampled)] - sampled).abs())
     gap, gap_at_one = float(torch.cat(gaps).max()), float(torch.cat(gaps_at_one).max())
-    print(f"T={temperature}: max gap {gap:.2e} at T, {gap_at_one:.2e} when scored at 1")
+    print(f"{engine_kind} T={temperature}: max gap {gap:.2e} at T, {gap_at_one:.2e} when scored at 1")
     assert gap < 1e-4
     if temperature != 1.0:
         assert gap_at_one > 1e-2

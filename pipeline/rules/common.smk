@@ -216,7 +216,10 @@ if (config["device"] == "cuda" or config["world"] == "real") and workflow.is_mai
     from meml.plan import cost  # noqa: E402
 
     _estimate = cost.headlines_both_engines(config, Path(RESULTS) / "cost_throughput.json")
-    _PREFLIGHT = preflight.block(config, _estimate if config["device"] == "cuda" else [])
+    _memory, _too_big = preflight.update_memory(config)
+    _PREFLIGHT = preflight.block(config, [*_memory, *_estimate] if config["device"] == "cuda" else [])
     print(_PREFLIGHT, file=sys.stderr)
+    if _too_big:  # before any job: the first RL job would run out of memory hours into the grid
+        raise ValueError("the RL update does not fit the GPU:\n  " + "\n  ".join(_too_big))
     if workflow.dryrun:
         atexit.register(lambda: print("\n" + _PREFLIGHT, file=sys.stderr))

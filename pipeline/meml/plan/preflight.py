@@ -97,6 +97,17 @@ def _gpus(cfg: dict[str, Any]) -> list[str]:
     return [f"MISSING: device cuda: {have} GPU(s) here, {want} a job (a cluster profile gives jobs their own)"]
 
 
+def update_memory(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """A cuda config's RL update memory per model: (lines, refusals). Measured on the meta device
+    (training/memory.py): torch's import and a few seconds, once per invocation of the workflow's
+    main process."""
+    if cfg["device"] != "cuda":
+        return [], []
+    from meml.training.memory import config_lines
+
+    return config_lines(cfg)
+
+
 def needs(cfg: dict[str, Any]) -> list[str]:
     """One line a requirement of a real-world or GPU run; none for the toy world on a CPU."""
     if cfg["world"] != "real" and cfg["device"] != "cuda":

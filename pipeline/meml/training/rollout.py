@@ -117,6 +117,53 @@ def vllm_sampling_kwargs(sampling: Sampling, n: int, stop_ids: Sequence[int] = (
     }
 
 
+class DrawnLogprobs:
+    """A logits processor placed after temperature and top-p: each step it keeps the log-softmax of
+    the final scores (the distribution the token is drawn from) and, on the next call, takes the
+    log-prob of the token that was drawn from it. One (B, V) step is held at a time, where
+    generate's output_scores would hold every step's."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.drawn: list[Any] = []  # (B,) per generated token
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.last is not None:
+            self.drawn.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.last = scores.float().log_softmax(dim=-1)
+        return scores
+
+    def per_token(self, generated: Any) -> Any:
+        """(B, n) log-probs of the n generated tokens (generate may have run and undone a step);
+        None when generate called no processor (a stand-in model's own generate)."""
+        import torch
+
+        if self.last is None:
+            return None
+        n = generated.shape[1]
+        drawn = self.drawn[:n]
+        if len(drawn) < n:
+            drawn.append(self.last.gather(1, generated[:, -1:]).squeeze(1))
+        return torch.stack(drawn, dim=1) if drawn else generated.new_zeros((generated.shape[0], 0)).float()
+
+
+def hf_logits_processors(sampling: Sampling) -> tuple[dict[str, Any], list[Any]]:
+    """generate's arguments with temperature and top-p given as explicit processors, followed by a
+    DrawnLogprobs (transformers puts a caller's processors before its own temperature and top-p,
+    so those are switched off in the generation config and applied here, in the same order)."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    kwargs = hf_generation_kwargs(sampling)
+    processors: list[Any] = []
+    if not sampling.greedy:
+        if sampling.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_p < 1.0:
+            processors.append(TopPLogitsWarper(sampling.top_p))
+        kwargs.update(temperature=1.0, top_p=1.0)
+    return kwargs, processors
+
+
 class HFEngine:
     """Batched `model.generate` with left padding; samples with torch's global RNG (seeded, resumable)."""
 
@@ -156,23 +203,31 @@ class HFEngine:
                 for row, p in enumerate(chunk):
                     ids[row, width - len(p) :] = torch.tensor(p)
                     mask[row, width - len(p) :] = 1
+                settings, processors = hf_logits_processors(sampling)
+                recorder = DrawnLogprobs()
                 kwargs = {
-                    **hf_generation_kwargs(sampling),
+                    **settings,
+                    "logits_processor": [*processors, recorder],
                     "eos_token_id": list(self.stops.ids),
                     "pad_token_id": self.pad,
                 }
                 with self.precision.autocast():
                     generated = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-                for row in generated[:, width:].tolist():
+                per_token = recorder.per_token(generated[:, width:])
+                rows = generated[:, width:].tolist()
+                drawn = per_token.tolist() if per_token is not None else [None] * len(rows)
+                for row, row_logp in zip(rows, drawn, strict=True):
                     tokens = []
                     for t in row:
                         tokens.append(t)
                         if t in self.stops.ids:
                             break
                     finished = bool(tokens) and tokens[-1] in self.stops.ids
-                    if not finished:
-                        tokens = [t for t in tokens if t != self.pad]
-                    out.append(Completion(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), finished))
+                    kept = range(len(tokens)) if finished else [i for i, t in enumerate(tokens) if t != self.pad]
+                    logprobs = None if row_logp is None else tuple(row_logp[i] for i in kept)
+                    tokens = [tokens[i] for i in kept]
+                    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                    out.append(Completion(tokens, text, finished, logprobs))
         if was_training:
             self.model.train()
         starts = [sum(counts[:i]) for i in range(len(counts))]

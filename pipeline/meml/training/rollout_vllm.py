@@ -129,12 +129,29 @@ def llm_kwargs(model_dir: str | Path, precision: Precision, vllm: VLLMSettings, 
         "seed": seed,
         "enable_prefix_caching": True,
         "distributed_executor_backend": "external_launcher",
+        # a drawn token's log-prob after temperature and top-p: the distribution it was drawn from,
+        # which the RL update's learner compares with its own (rl.sampler_gap)
+        "logprobs_mode": "processed_logprobs",
         **vllm.llm_kwargs(precision.device),
     }
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if processes > 1:  # one whole copy of the model in each process: the processes are vLLM's data-parallel ranks
         out["data_parallel_size"] = processes
     return out
+
+
+def completion_of(choice: Any, tokenizer: Any) -> Completion:
+    """One of vLLM's CompletionOutputs as a Completion: the tokens it drew, exactly, and each one's
+    log-prob (logprobs=0 returns the drawn token's). A turn that vLLM stopped on an end-of-sequence
+    id of the model's generation config (Llama-3.2's <|eom_id|>, which stops.py does not list) ends
+    with that id as drawn: no stop token is added, so the learner never trains on a token the
+    policy did not sample."""
+    tokens = list(choice.token_ids)
+    logprobs = None
+    if choice.logprobs is not None:
+        logprobs = tuple(float(step[token].logprob) for token, step in zip(tokens, choice.logprobs, strict=True))
+    finished = choice.finish_reason == "stop"
+    return Completion(tokens, tokenizer.decode(tokens, skip_special_tokens=True), finished, logprobs)
 
 
 def fused_name(name: str) -> str:
@@ -232,21 +249,11 @@ class VLLMEngine:
         # generator would start again from the engine's seed)
         first = int(torch.randint(0, 2**31 - len(prompts), (1,)).item())
         params = [
-            vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k, self.stops.ids), seed=first + i)
+            vllm.SamplingParams(**vllm_sampling_kwargs(sampling, k, self.stops.ids), logprobs=0, seed=first + i)
             for i, k in enumerate(counts)
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        result = []
-        for out in outputs:
-            group = []
-            for choice in out.outputs:
-                tokens = list(choice.token_ids)
-                finished = choice.finish_reason == "stop"
-                if finished and (not tokens or tokens[-1] not in self.stops.ids):
-                    tokens.append(self.stops.end_of_turn)  # as the HF engine: a finished turn ends with its stop
-                group.append(Completion(tokens, self.tokenizer.decode(tokens, skip_special_tokens=True), finished))
-            result.append(group)
-        return result
+        return [[completion_of(choice, self.tokenizer) for choice in out.outputs] for out in outputs]
 
     def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
         """log p of each token of `ids` after the first, under vLLM's current weights."""
