@@ -5,7 +5,8 @@
 
 (a) rollout tokens per second of the HF engine, and the time and peak memory of one MEML-GRPO
     step and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths and rollout
-    engine (vLLM);
+    engine (vLLM), beside the RL update's memory that training/memory.py measures for each paper
+    model on the meta device (what the paper config's dry run prints);
 (b) where vLLM is importable (its GPU build, or its CPU build with --cpu): on the same weights,
     greedy completions of the vLLM and HF engines agree on at least 95% of a fixed prompt set;
     after an optimiser step and a weight sync every weight arrived (VLLMEngine.verify) and vLLM's
@@ -48,6 +49,21 @@ def settings_for(cpu: bool, questions: int) -> dict[str, Any]:
         cfg["rl"]["vllm"]["max_model_len"] = None  # the tiny model's own context (2048), not the paper's 4096
     cfg["mlflow"]["enabled"] = False
     return cfg
+
+
+def update_memory_estimates() -> dict[str, Any]:
+    """The paper config's RL update memory per model (training/memory.py), at its largest cap."""
+    from meml.core.config import dataset_rl
+    from meml.training.memory import update_memory
+    from meml.training.probe import architecture
+
+    cfg = load_config(PAPER)
+    out = {}
+    for model in cfg["models"]:
+        rl = max((dataset_rl(cfg, ds) for ds in cfg["grid"]["datasets"]), key=lambda r: int(r["max_new_tokens"]))
+        memory = update_memory(architecture(cfg, model), rl, float(cfg["launch"]["gpu_memory_gib"]))
+        out[model] = {"line": memory.line(model), **memory.record()}
+    return out
 
 
 def peak_rss_gib() -> float:
@@ -170,6 +186,7 @@ def main() -> int:
     }
     if cpu and not args.cpu:
         report["note"] = "no GPU found: ran the CPU check"
+    report["update_memory_estimate"] = update_memory_estimates()
     with tempfile.TemporaryDirectory() as tmp:
         world, model_dir = build_probe(Path(tmp) / "probe", arch)
         report["hf_rollouts"] = hf_throughput(model_dir, world, cfg, questions)
@@ -196,6 +213,8 @@ def main() -> int:
               f"(rollouts {r['rollout_seconds']} s) {memory} peak RSS {r['peak_rss_gib']} GiB |")  # fmt: skip
     for key, value in report["vllm"].items():
         print(f"| vLLM {key} | {value} |")
+    for estimate in report["update_memory_estimate"].values():
+        print(f"| estimate at the paper's shapes | {estimate['line']} |")
     print(f"written: {args.out}")
     failed = any(report["vllm"].get(k) is False for k in ("agreement_ok", "follows_new_weights", "skipped_sync_caught"))
     return 1 if failed else 0

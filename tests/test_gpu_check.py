@@ -29,3 +29,6 @@ def test_gpu_check_cpu_part(tmp_path: Path) -> None:
     assert vllm["tensors_checked_exactly"] > 0 and vllm["tensors_checked_by_logprobs"] > 0  # CPU: linears repacked
     assert vllm["logprob_gap_after_sync"] <= 1e-3 < vllm["logprob_gap_stale"]
     assert "| vLLM skipped_sync_caught | True |" in done.stdout and "| one MEML-GRPO step (G=8, Q=2) |" in done.stdout
+    estimates = report["update_memory_estimate"]
+    assert set(estimates) == {"qwen2", "llama"} and all(e["fits"] and e["rows"] == 3 for e in estimates.values())
+    assert "| estimate at the paper's shapes | qwen2: RL update" in done.stdout

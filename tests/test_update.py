@@ -218,3 +218,68 @@ def test_the_learner_scores_the_tokens_at_the_samplers_temperature(
     assert gap < 1e-4
     if temperature != 1.0:
         assert gap_at_one > 1e-2
+
+
+def test_several_updates_per_batch(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """updates_per_batch = 3, in bf16 under autocast: the first update's ratio is exactly 1 (the
+    old log-probs come from the same micro-batches as the update's), IML is weighted by O+'s
+    clipped importance ratio on the later updates (none on the first), HSFT's term joins the first
+    update only, and the schedule steps once for the RL step, not once per update."""
+    from meml.core.precision import Precision
+    from meml.training import rl
+
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    learner = _learner(model, lr=1e-2)
+    learner.precision = Precision("cpu", "bfloat16", False)
+    s = _settings(micro_batch_tokens=40, updates_per_batch=3, lambda_iml=0.3, clip_eps=0.2)
+    seqs, iml, hsft = _batch(1)
+    ratios: list[torch.Tensor] = []
+    weights: list[torch.Tensor | None] = []
+    sft_rows: list[int] = []
+    policy_loss_of, iml_loss_of, sft_loss_of = rl.policy_loss, rl.iml_loss, rl.sft_loss
+
+    def policy_loss(logp: torch.Tensor, old: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        ratios.append((logp.detach() - old).exp())
+        return policy_loss_of(logp, old, *args, **kwargs)
+
+    def iml_loss(strong: Any, weak: Any, mask: Any, weight: Any = None, **kwargs: Any) -> Any:
+        weights.append(weight)
+        return iml_loss_of(strong, weak, mask, weight, **kwargs)
+
+    def sft_loss(logp: Any, *args: Any, **kwargs: Any) -> Any:
+        sft_rows.append(logp.shape[0])
+        return sft_loss_of(logp, *args, **kwargs)
+
+    monkeypatch.setattr(rl, "policy_loss", policy_loss)
+    monkeypatch.setattr(rl, "iml_loss", iml_loss)
+    monkeypatch.setattr(rl, "sft_loss", sft_loss)
+    update_step(learner, s, "grpo", seqs, iml, hsft, Dist(0, 1, "cpu"))
+    per_update = len(micro_batches(seqs.prompts, seqs.completions, 40))
+    first, later = ratios[:per_update], ratios[per_update:]
+    assert len(later) == 2 * per_update
+    assert all(torch.equal(r, torch.ones_like(r)) for r in first)  # exactly 1, not 1 + bf16 round-off
+    assert any(not torch.allclose(r, torch.ones_like(r)) for r in later)  # the policy moved
+    assert all(w is None for w in weights[: len(weights) // 3])
+    later_weights = [w for w in weights[len(weights) // 3 :] if w is not None]
+    assert later_weights and all(float(w.min()) >= 0.8 - 1e-6 and float(w.max()) <= 1.2 + 1e-6 for w in later_weights)
+    assert sum(sft_rows) == len(hsft.prompts)  # the first update only
+    assert learner.scheduler.last_epoch == 1  # one RL step
+
+
+def test_the_reference_in_the_policys_precision_gives_kl_zero_at_the_start(models: dict[str, Path]) -> None:
+    """beta > 0 in bf16: the reference is the same fp32 weights under the same autocast as the
+    policy, so before any update the KL is exactly 0 (a bf16 copy of the weights was not)."""
+    import copy
+
+    from meml.core.precision import Precision
+
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    learner = _learner(model)
+    learner.precision = Precision("cpu", "bfloat16", False)
+    learner.reference = copy.deepcopy(model).eval().requires_grad_(False)
+    seqs, _, _ = _batch(2)
+    stats = update_step(learner, _settings(beta=0.1), "grpo", seqs, IMLBatch([]), HSFTBatch(), Dist(0, 1, "cpu"))
+    assert stats["kl"] == 0.0
+    learner.reference = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
+    stats = update_step(learner, _settings(beta=0.1), "grpo", seqs, IMLBatch([]), HSFTBatch(), Dist(0, 1, "cpu"))
+    assert stats["kl"] > 0.0  # the old bf16 reference: a KL at step 0 from rounding alone
