@@ -506,3 +506,30 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="splits nothing off it") as err:
         grid.check(rl_only, 3)  # the workflow's check when it loads the config
     assert err.value.field == "report.stages.rl"
+
+
+def test_what_the_rl_stage_contributes_by_hand(built: tuple[dict, Path], tmp_path: Path) -> None:
+    """Every fixture run's reward climbs 0.1 a step (seed 1 starts 0.1 higher): with 3 steps the
+    change is the last step minus the first, 20 points for every method and seed; a method whose
+    reward stays flat in one seed and falls in the other reaches 0 and is named as such."""
+    from meml.reporting.results import Results
+    from meml.reporting.rl_stage import reward_change, rl_stage_lines
+
+    cfg, out = built
+    index = (out / "index.md").read_text()
+    assert "the mean of its last 1 step(s) minus its first 1 (points, of 3 steps)" in index
+    assert _row(index, "Expert1-SFT-GRPO")[1:] == ["+20.0 [+20.0, +20.0]"] * 3
+    assert "The policy gradient alone raises the training reward for Expert1-SFT-GRPO" in index
+
+    _write_results(cfg, tmp_path / "flat")
+    for seed, rewards in ((0, [0.5, 0.5, 0.5]), (1, [0.5, 0.4, 0.3])):
+        for ds in cfg["grid"]["datasets"]:
+            run = tmp_path / "flat" / "rl" / grid.Cell("qwen2", ds, "MoE-SFT-GRPO", seed).path
+            rows = [{"step": i, "reward/mean": r, "subgroups/all_wrong/expert0": 0.5} for i, r in enumerate(rewards)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = Results(cfg, tmp_path / "flat")
+    change = reward_change(results, "qwen2", "gsm8k", "MoE-SFT-GRPO", [0, 1])
+    assert change[:, 0].tolist() == pytest.approx([0.0, -20.0])
+    lines = rl_stage_lines(cfg, results)
+    assert _row("\n".join(lines), "MoE-SFT-GRPO")[1].startswith("-10.0 [")
+    assert any(line.startswith("The policy gradient alone (MoE-SFT-GRPO: no IML") for line in lines)

@@ -18,6 +18,7 @@ from meml.core.io import DataError, read_json
 from meml.core.tracking import read_metrics
 from meml.plan import grid
 from meml.plan.layout import Layout
+from meml.reporting import stats
 
 
 class Results:
@@ -166,3 +167,16 @@ def ablation_reference(reference: dict[str, Any], cfg: dict[str, Any], method: s
     flags = ablation_flags(cfg, method)
     rows = reference.get("ablation", [])
     return next((r for r in rows if all(r[k] == v for k, v in flags.items())), {})
+
+
+def cells_average(cfg: dict[str, Any], models: list[str], cells: list[np.ndarray]) -> stats.Estimate:
+    """The average over the page's cells (models x data sets, each a seeds x questions matrix, each
+    cell weighing the same). Where seeds retrain the tiny base, seed k's cells are not independent:
+    every data set's SFT starts from seed k's base, and every tiny model of seed k is pretrained in
+    one job from one corpus draw; where seeds redraw the data, every model of seed k trains on seed
+    k's draw. They are then averaged seed by seed (stats.joint_average, valid
+    whatever the cells share, so a hub model's cells may join them); otherwise the cells are
+    independent runs and their variances add (stats.average)."""
+    if grid.varies(cfg, "data") or (grid.varies(cfg, "pretrain") and any(grid.tiny_folder(cfg, m) for m in models)):
+        return stats.joint_average(cells)
+    return stats.average([stats.cell_estimate(x) for x in cells])

@@ -33,7 +33,8 @@ from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting import stats
 from meml.reporting.extras import methods_for
-from meml.reporting.results import Results, ablation_reference, subgroup_share
+from meml.reporting.results import Results, ablation_reference, cells_average, subgroup_share
+from meml.reporting.rl_stage import rl_stage_lines
 
 CHANCE = {"gsm8k": 0.0, "mathqa": 20.0}  # StrategyQA: the majority class share of its test split
 
@@ -267,6 +268,7 @@ def render(cfg: dict[str, Any], results: Results, root: Path, decision: Decision
         elif section == "questions":
             lines += ["", "The open questions need the extras (`config/toy-seeds.yaml`); this run has none."]
     lines += ["", "The regime (descriptive, no verdict):", *_regime_lines(cfg, results, root)]
+    lines += ["", *rl_stage_lines(cfg, results)]
     lines += _spread_lines(summary, spread_pairs(entries))
     return lines
 
@@ -317,19 +319,6 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
                 )
                 lines.append(f"  - {a} - {b}: training {d.seed:.1f}, test {d.test:.1f}.")
     return lines
-
-
-def cells_average(cfg: dict[str, Any], models: list[str], cells: list[np.ndarray]) -> stats.Estimate:
-    """The average over the page's cells (models x data sets, each a seeds x questions matrix, each
-    cell weighing the same). Where seeds retrain the tiny base, seed k's cells are not independent:
-    every data set's SFT starts from seed k's base, and every tiny model of seed k is pretrained in
-    one job from one corpus draw; where seeds redraw the data, every model of seed k trains on seed
-    k's draw. They are then averaged seed by seed (stats.joint_average, valid
-    whatever the cells share, so a hub model's cells may join them); otherwise the cells are
-    independent runs and their variances add (stats.average)."""
-    if grid.varies(cfg, "data") or (grid.varies(cfg, "pretrain") and any(grid.tiny_folder(cfg, m) for m in models)):
-        return stats.joint_average(cells)
-    return stats.average([stats.cell_estimate(x) for x in cells])
 
 
 def _regime_lines(cfg: dict[str, Any], results: Results, root: Path) -> list[str]:
