@@ -160,6 +160,10 @@ def test_rl_steps_under_vllm_keep_its_log_probs_on_the_policys(
         assert gap <= LOGPROB_TOLERANCE["float32"]
     totals = [total for _, _, total in engine.checks]
     assert len(set(totals)) == 4, "the policy's weights did not move at every step: the check proved nothing"
+    # vLLM reports each drawn token's log-prob after temperature (0.7 here) and top-p; the learner's,
+    # at the same weights and temperature, agrees to the sync check's tolerance at every step
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["sampler_gap/max"] <= LOGPROB_TOLERANCE["float32"] for r in rows), rows
 
     with pytest.raises(StaleWeightsError, match="VLLMEngine holds other weights"):
         train(_rl_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(model_dir, tokenizer, CPU, VLLM, 0),
@@ -185,6 +189,8 @@ def test_bf16_rl_steps_run_under_the_kv_engine_and_vllm(
         assert summary["steps"] == 2 and summary["precision"] == "bfloat16"
         weights = load_file(str(next((tmp_path / engine / "model").glob("*.safetensors"))))
         assert all(t.dtype == torch.float32 for t in weights.values())  # the master weights stay fp32
+        rows = [json.loads(x) for x in (tmp_path / engine / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["sampler_gap/max"] <= LOGPROB_TOLERANCE["bfloat16"] for r in rows), (engine, rows)
 
 
 def test_a_sync_that_misses_the_repacked_weights_is_caught_by_log_probs(models: dict[str, Path]) -> None:
