@@ -48,7 +48,11 @@ onstart:
 
         patch_slurm_plugin()
         return
-    _WORKER["process"] = worker.start(WORKER_SOCKET, {"TOKENIZERS_PARALLELISM": "false", **OFFLINE})
+    if GPU:  # each job that takes GPUs records which it got (pipeline/meml/gpus.py)
+        os.environ["MEML_GPU_LOG"] = str(Path(LOGS).resolve() / "gpus.jsonl")
+        Path(LOGS).mkdir(parents=True, exist_ok=True)
+    env = {"TOKENIZERS_PARALLELISM": "false", **OFFLINE}
+    _WORKER["process"] = worker.start(WORKER_SOCKET, env, device=config["device"])
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(WORKER_SOCKET)  # inherited by every local job
 

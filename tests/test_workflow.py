@@ -4,6 +4,7 @@ MLflow bookkeeping, and config errors that stop the run before any job."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -24,12 +25,12 @@ EXTRAS = ["Expert1+HSFT", "MEML-Dr.GRPO", "MEML-5experts", "MEML-per_expert", "M
 EXTRA_TABLES = ["gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic"]
 
 
-def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # `--quiet host -p`: the rule blocks and commands the tests read, which the workstation profile
     # keeps out of a user's view
     cmd = [*SNAKEMAKE, "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp), "--cores", "2"]
     cmd += ["--quiet", "host", "--printshellcmds", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp, env={**os.environ, **(env or {})})
 
 
 def _job_counts(output: str) -> dict[str, int]:
@@ -49,9 +50,31 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "grid: {models: [qwen2], datasets: [strategyqa]}\n"
         f"extras: {{datasets: [strategyqa], methods: {json.dumps(EXTRAS)}}}\nexperts: {{count: 5}}\n"
     )
-    done = _run(tmp, "--configfile", str(SMOKE), str(tmp / "grid.yaml"))
+    # on two pretend GPUs (pipeline/meml/gpus.py): every job that would take a GPU gets one of its own
+    gpus = {"MEML_SIMULATE_GPUS": "2", "MEML_GPU_LOCKS": str(tmp / "gpu-locks")}
+    done = _run(tmp, "--configfile", str(SMOKE), str(tmp / "grid.yaml"), "--resources", "gpu=2", env=gpus)
     assert done.returncode == 0, done.stderr[-4000:]
     return tmp
+
+
+def test_jobs_running_together_never_share_a_gpu(smoke_run: Path) -> None:
+    """The smoke grid ran with MEML_SIMULATE_GPUS=2 and --resources gpu=2: each GPU job recorded the
+    device it was given; jobs that overlapped in time held different devices, both were used, and
+    the RL jobs wrote theirs into their DONE."""
+    records = [json.loads(x) for x in (smoke_run / "logs/smoke/gpus.jsonl").read_text().splitlines()]
+    rules = {r["job"].split(" -m meml.run ")[1].split()[0] for r in records if " -m meml.run " in r["job"]}
+    assert {"sft", "rl", "eval", "calibrate", "complementarity"} <= rules
+    assert all(r["returncode"] == 0 for r in records)
+    overlapping = 0
+    for i, a in enumerate(records):
+        for b in records[i + 1 :]:
+            if a["start"] < b["end"] and b["start"] < a["end"]:
+                overlapping += 1
+                assert not set(a["devices"].split(",")) & set(b["devices"].split(",")), (a, b)
+    assert overlapping > 0, "no two GPU jobs ran at once: the check proved nothing"
+    assert {r["devices"] for r in records} == {"0", "1"}
+    done = json.loads(next((smoke_run / "results/smoke/rl").rglob("DONE")).read_text())
+    assert done["environment"]["devices"] in ("0", "1")
 
 
 def test_every_table_and_figure_exists_and_parses(smoke_run: Path) -> None:

@@ -191,13 +191,16 @@ def socket_path() -> Path:
     return Path(tempfile.gettempdir()) / f"meml-worker-{os.getpid()}.sock"
 
 
-def start(path: str | Path, env: dict[str, str] | None = None, timeout: float = 120.0) -> Any:
+def start(path: str | Path, env: dict[str, str] | None = None, timeout: float = 120.0, device: str = "cpu") -> Any:
     """Start a worker in the background and wait until it listens. None where fork is unsafe
-    (not Linux), when MEML_NO_WORKER is set, or when it does not come up: jobs then run as fresh
+    (not Linux), on a GPU (`device` cuda: CUDA does not survive a fork once any library in the
+    parent has touched it, and the libraries the worker imports may; a job's GPUs are also chosen
+    by meml.gpus before it starts, which a forked child could not honour for a parent's CUDA
+    state), when MEML_NO_WORKER is set, or when it does not come up: jobs then run as fresh
     processes, slower and otherwise the same."""
     import subprocess
 
-    if sys.platform != "linux" or os.environ.get("MEML_NO_WORKER"):
+    if sys.platform != "linux" or os.environ.get("MEML_NO_WORKER") or device == "cuda":
         return None
     path = Path(path)
     path.unlink(missing_ok=True)

@@ -24,5 +24,5 @@ rule complementarity:
     log:
         f"{LOGS}/complementarity/{{model}}_{{ds}}.log",
     shell:
-        "{params.env} {MEML} complementarity --checkpoint {params.model} --dataset {wildcards.ds} "
+        "{params.env} {ON_GPU} {MEML} complementarity --checkpoint {params.model} --dataset {wildcards.ds} "
         "--experts {params.experts} --data-root {params.data} --out {params.out} --config-json {params.cfg} > {log} 2>&1"

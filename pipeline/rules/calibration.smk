@@ -27,6 +27,6 @@ rule calibrate:
     log:
         f"{LOGS}/calibration/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        "{params.env} {MEML} calibrate --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "{params.env} {ON_GPU} {MEML} calibrate --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} --where {wildcards.model}/{wildcards.ds}/{wildcards.variant} --out {output} "
         "--config-json {params.cfg} > {log} 2>&1"

@@ -23,7 +23,7 @@ rule evaluate:
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
+        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} {params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
         "&& {PROGRESS} {output:q} {PROGRESS_STATE} e{params.headline}"
 
@@ -54,5 +54,5 @@ rule evaluate_base:
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/base.log",
     shell:
-        "{params.env} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"

@@ -29,5 +29,5 @@ rule rl:
     log:
         f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
+        "{params.env} {ON_GPUS} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
         "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"

@@ -27,5 +27,5 @@ rule sft:
     log:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        "{params.env} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "{params.env} {ON_GPUS} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
         "{params.seed} --config-json {params.cfg} > {log} 2>&1"

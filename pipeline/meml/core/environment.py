@@ -12,6 +12,7 @@ explains two runs that differ; a record that matches and numbers that differ is 
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ def environment_record(start_model: str | Path, device: str = "cpu") -> dict[str
         "device": device,
         "start_weights_sha256": weights_sha256(start_model),
     }
+    if os.environ.get("MEML_DEVICES"):  # the GPUs meml.gpus gave the job (or MEML_SIMULATE_GPUS's)
+        env["devices"] = os.environ["MEML_DEVICES"]
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return env

@@ -144,6 +144,9 @@ class VLLMTeacher:
     unfinished question of a round at once (vLLM schedules the batch itself)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
+        from meml.gpus import claim
+
+        claim(1)  # a GPU of its own (the rule counts one for a vLLM teacher), before anything touches CUDA
         try:
             from vllm import LLM, SamplingParams
         except ImportError:
