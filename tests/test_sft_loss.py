@@ -68,3 +68,16 @@ def test_the_gpu_keeps_trls_trainer() -> None:
     from trl import SFTTrainer
 
     assert _sft_trainer_class("cuda") is SFTTrainer and _sft_trainer_class("cpu") is not SFTTrainer
+
+
+@pytest.mark.parametrize(("processes", "accum"), [(1, 4), (2, 2), (4, 1)])
+def test_the_effective_sft_batch_is_the_configs_whatever_the_processes(processes: int, accum: int) -> None:
+    """batch_size 8 x grad_accum 4: 32 sequences an optimiser step on one process or several."""
+    from meml.core.io import DataError
+    from meml.training.sft import accumulation
+
+    settings = {"batch_size": 8, "grad_accum": 4}
+    assert accumulation(settings, processes) == accum
+    assert 8 * processes * accumulation(settings, processes) == 32
+    with pytest.raises(DataError, match=r"sft\.grad_accum"):
+        accumulation(settings, 3)  # 32 cannot be shared by three processes of 8

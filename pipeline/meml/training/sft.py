@@ -29,6 +29,25 @@ from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 
 
+def accumulation(settings: dict[str, Any], processes: int) -> int:
+    """Gradient accumulation steps that keep the effective batch the config names,
+    sft.batch_size x sft.grad_accum sequences an optimiser step, whatever the number of processes:
+    under `accelerate launch` each of N processes takes batch_size a micro-step, so accumulation
+    shrinks by N. A batch the processes cannot share evenly is refused by name."""
+    batch, accum = int(settings["batch_size"]), int(settings["grad_accum"])
+    effective = batch * accum
+    if effective % (batch * processes):
+        raise DataError(
+            f"sft.batch_size {batch} x sft.grad_accum {accum} = {effective} sequences a step cannot be shared by "
+            f"{processes} processes of {batch} each; make batch_size x grad_accum a multiple of batch_size x "
+            "launch.processes",
+            None,
+            None,
+            "sft.grad_accum",
+        )
+    return effective // (batch * processes)
+
+
 def sft_examples(
     data_dir: str | Path, experts_dir: str | Path, experts: Sequence[int], prompts: Sequence[str] = DEFAULT_PROMPTS
 ) -> list[dict[str, Any]]:
@@ -193,7 +212,7 @@ def run_sft(
         learning_rate=float(settings["lr"]),
         num_train_epochs=float(settings["epochs"]),
         per_device_train_batch_size=int(settings["batch_size"]),
-        gradient_accumulation_steps=int(settings["grad_accum"]),
+        gradient_accumulation_steps=accumulation(settings, int(os.environ.get("WORLD_SIZE", "1"))),
         lr_scheduler_type=str(settings["scheduler"]),
         warmup_steps=float(settings["warmup_ratio"]),
         max_length=int(settings["max_length"]),
