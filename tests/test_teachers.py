@@ -16,7 +16,7 @@ import pytest
 
 from meml.core.io import DataError
 from meml.core.records import Record, read_records
-from meml.data.teachers import DEFAULTS, Reply, build_expert, generate, teacher_key
+from meml.data.teachers import DEFAULTS, Reply, TransientError, build_expert, generate, teacher_key
 
 SECRET = "sk-test-SECRET-4242"
 
@@ -229,14 +229,20 @@ def test_teach_command_never_leaks_the_key(
     sections = {"profile": "p", "teachers": {"e1": teacher},
                 "mlflow": {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path}/ml.db", "experiment": "p",
                            "artifacts": str(tmp_path / "art")}}  # fmt: skip
+    # a question that failed on every retry: the job fails (no output: the workflow will run it again)
+    assert main(["teach", "--dataset", "gsm8k", "--expert", "1", "--config-json", json.dumps(sections)]) == 2
+    first = capsys.readouterr()
+    assert "1 of 6 questions got no reply from teacher e1" in first.err
+    assert not (tmp_path / "results/p/real/experts/gsm8k/e1.jsonl").exists()
+    script.plan = lambda q, n: ("ok", gold[q], "")  # the API is back: the rerun asks that question alone
     assert main(["teach", "--dataset", "gsm8k", "--expert", "1", "--config-json", json.dumps(sections)]) == 0
     out = capsys.readouterr()
-    assert "5 of 6 questions" in out.out and "1 failed on every retry" in out.out
+    assert "6 of 6 questions" in out.out
     assert (tmp_path / "results/p/real/experts/gsm8k/e1.stats.json").is_file()
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
-    assert SECRET not in out.out + out.err
+    assert SECRET not in out.out + out.err + first.out + first.err
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/ml.db")
@@ -307,3 +313,32 @@ def test_a_key_echoed_in_a_successful_reply_is_never_written(
     written = [p for p in tmp_path.rglob("*") if p.is_file() and "data" not in p.parts]
     assert written and all(SECRET.encode() not in p.read_bytes() for p in written)
     assert "***" in (tmp_path / "experts/e1.jsonl").read_text()  # the reasoning kept, the key masked
+
+
+class FlakyTeacher(KilledTeacher):
+    """Fails every try on the questions in `down` (as an API that keeps answering 503)."""
+
+    def __init__(self, gold: dict[str, str], down: set[str]) -> None:
+        super().__init__(gold, live=10**6)
+        self.down = down
+
+    def ask(self, messages: list[dict[str, str]]) -> Reply:
+        if messages[-1]["content"] in self.down:
+            raise TransientError("HTTP 503")
+        return super().ask(messages)
+
+
+def test_a_question_that_failed_is_asked_again_on_the_next_run(records: list[Record], tmp_path: Path) -> None:
+    """A failed question leaves no output, so the workflow reruns the job; the rerun asks that
+    question alone and writes the expert's trajectories."""
+    settings = {**DEFAULTS, "backend": "openai", "base_url": "unused", "model": "m", "concurrency": 1, "retries": 0}
+    gold, data = _gold(records), _data(tmp_path, records)
+    first = FlakyTeacher(gold, down={records[2].question})
+    with pytest.raises(DataError, match=r"1 of 6 questions got no reply from teacher e1"):
+        build_expert(data, "gsm8k", 1, settings, tmp_path / "out", tmp_path / "cache", teacher=first, progress=False)
+    assert not (tmp_path / "out/e1.jsonl").exists()
+    second = FlakyTeacher(gold, down=set())
+    summary = build_expert(data, "gsm8k", 1, settings, tmp_path / "out", tmp_path / "cache", teacher=second,
+                           progress=False)  # fmt: skip
+    assert dict(second.asked) == {records[2].question: 1} and summary["questions_with_trajectory"] == 6
+    assert (tmp_path / "out/e1.jsonl").is_file()

@@ -402,6 +402,16 @@ def build_expert(
         cache = Path(cache_dir) / dataset / f"e{expert}.jsonl"
         counts = generate(records, expert, settings, cache, prompts=prompts, teacher=teacher, progress=progress)
         attempts = Cache(cache, teacher_key(settings))
+        # a question whose every try failed (API errors after the retries) has not been asked: no
+        # output yet, so that the workflow's next run runs this job again, and asks only those
+        unasked = [r.id for r in records if not attempts.finished(r.id, int(settings["max_attempts"]))]
+        if unasked:
+            raise DataError(
+                f"{len(unasked)} of {len(records)} questions got no reply from teacher e{expert} (API errors after "
+                f"teachers.e{expert}.retries retries; e.g. {unasked[0]}): run the workflow again to ask those only "
+                "(every finished question is kept in the cache)",
+                cache,
+            )
         kept = accepted(attempts, records)
         summary = {**stats(attempts, records, kept, expert, settings), "this_run": counts}
     if not kept:
