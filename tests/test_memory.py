@@ -4,6 +4,7 @@ update would not fit is refused by its dry run before any job, naming the key to
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def test_a_dry_run_refuses_an_update_that_does_not_fit(tmp_path: Path) -> None:
     too_big.write_text("rl:\n  micro_batch_tokens: 200000\n")
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(tmp_path)]
     cmd += ["--cores", "1", "-n", "--configfile", str(PAPER), str(too_big)]
-    dry = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    env = {**os.environ, "HF_TOKEN": "hf_placeholder"}
+    dry = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert dry.returncode != 0
     said = dry.stdout + dry.stderr
     assert "does not fit the GPU" in said and "lower rl.micro_batch_tokens (now 200000)" in said

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = PROJECT / "config" / "smoke.yaml"
+HUB_TOKEN = {"HF_TOKEN": "hf_placeholder_for_the_dry_run"}  # the gated model's token: its presence is checked
 TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity"]
 # one extra method for each extra table (the open questions); five experts for the experts table
 EXTRAS = ["Expert1+HSFT", "MEML-Dr.GRPO", "MEML-5experts", "MEML-per_expert", "MEML-B4", "MoE-SFT-GRPO+DS"]
@@ -216,7 +217,7 @@ def test_a_forced_rerun_keeps_the_old_run_with_its_evaluation_and_one_active_mlf
 
 
 def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"))
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), env=HUB_TOKEN)
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
     assert counts["rl"] == counts["evaluate"] == 2 * 3 * 7
@@ -225,10 +226,28 @@ def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+def test_the_paper_dry_run_refuses_what_would_fail_after_money_is_spent(tmp_path: Path) -> None:
+    """No hub token for the gated Llama, and a teacher cap above RL's: the dry run stops before the
+    job list, one line each, naming the key; with a token and the paper's caps it goes on."""
+    longer = tmp_path / "longer.yaml"
+    longer.write_text("teachers:\n  e1: {max_tokens: 3072}\n")
+    no_token = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(longer), env=no_token)
+    said = dry.stdout + dry.stderr
+    assert dry.returncode != 0 and "fix first:" in said and "Job stats" not in said
+    refused = [
+        line.strip() for line in said.splitlines() if line.startswith("  models.") or line.startswith("  teachers.")
+    ]
+    assert len(refused) == 2, refused
+    assert refused[0].startswith("teachers.e1.max_tokens 3072 is above RL's answer cap of 2048 tokens")
+    assert refused[1].startswith("models.llama: meta-llama/Llama-3.2-1B-Instruct is gated on the hub and no hub token")
+    assert "grid.seeds has 1 seed(s): the report will give no verdict" in said  # said, not refused
+
+
 def test_complementarity_of_three_single_expert_models_adds_their_sft_runs(tmp_path: Path) -> None:
     reading = tmp_path / "single.yaml"
     reading.write_text("analysis:\n  complementarity: {source: single_expert}\n")
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(reading))
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(reading), env=HUB_TOKEN)
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
     assert counts["sft"] == 2 * 3 * 4  # e0, e1, e2 and the MEF run e0-e1-e2, per model and data set
@@ -265,7 +284,7 @@ def test_whole_chain_seeds_train_their_own_base_and_sft_models(tmp_path: Path) -
     # the paper's hub models are never retrained: their SFT runs alone multiply with the seeds
     paper = tmp_path / "paper.yaml"
     paper.write_text("grid: {seeds: [0, 1], seeds_vary: [pretrain, sft, rl]}\n")
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(paper))
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(paper), env=HUB_TOKEN)
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
     assert counts["sft"] == 2 * 2 * 3 * 2 and "tiny_model" not in counts and counts["rl"] == 2 * 2 * 3 * 7

@@ -226,7 +226,9 @@ if (config["device"] == "cuda" or config["world"] == "real") and workflow.is_mai
     _memory, _too_big = preflight.update_memory(config)
     _PREFLIGHT = preflight.block(config, [*_memory, *_estimate] if config["device"] == "cuda" else [])
     print(_PREFLIGHT, file=sys.stderr)
-    if _too_big:  # before any job: the first RL job would run out of memory hours into the grid
-        raise ValueError("the RL update does not fit the GPU:\n  " + "\n  ".join(_too_big))
+    # before any job, the dry run too: each of these would fail or waste the run after money is spent
+    _REFUSED = [*_too_big, *preflight.refusals(config)]
+    if _REFUSED:
+        raise ValueError("this run would fail after money is spent; fix first:\n  " + "\n  ".join(_REFUSED))
     if workflow.dryrun:
         atexit.register(lambda: print("\n" + _PREFLIGHT, file=sys.stderr))

@@ -108,11 +108,67 @@ def update_memory(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
     return config_lines(cfg)
 
 
+def _has_hub_token() -> bool:
+    """A hub token is there (HF_TOKEN, or the token file `huggingface-cli login` writes): its
+    presence only, checked offline; whether the hub accepts it is the first download's to say."""
+    if os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"):
+        return True
+    try:
+        from huggingface_hub import get_token
+
+        return bool(get_token())
+    except Exception:  # an old or absent huggingface_hub: no token file read
+        return False
+
+
+def refusals(cfg: dict[str, Any]) -> list[str]:
+    """What stops a real-world or GPU run before its first job (the dry run too), one line each,
+    naming the key: the things that would otherwise fail after money is spent."""
+    if cfg["world"] != "real" and cfg["device"] != "cuda":
+        return []
+    from meml.core.config import dataset_rl
+
+    out = []
+    datasets = cfg["grid"]["datasets"]
+    cap, capped = min((int(dataset_rl(cfg, ds)["max_new_tokens"]), ds) for ds in datasets)
+    share = dataset_rl(cfg, capped)["max_truncated_share"]
+    for name in sorted(cfg.get("teachers") or {}):
+        t = cfg["teachers"][name]
+        paid = t.get("backend") in ("openai", "vllm") and not t.get("standin")  # a stand-in costs nothing
+        if paid and float(share) < 1.0 and int(t.get("max_tokens") or 0) > cap:
+            out.append(
+                f"teachers.{name}.max_tokens {t['max_tokens']} is above RL's answer cap of {cap} tokens "
+                f"(rl_by_dataset.{capped}.max_new_tokens): RL refuses to start when more than {share} of an "
+                f"expert's trajectories are longer (rl.max_truncated_share), after the API calls and SFT are paid "
+                f"for; set teachers.{name}.max_tokens to {cap} or less"
+            )
+    for name in cfg["grid"].get("models") or list(cfg["models"]):
+        entry = cfg["models"][name]
+        source = str(entry["source"])
+        if entry.get("gated") and not Path(source).is_dir() and not _has_hub_token():
+            out.append(
+                f"models.{name}: {source} is gated on the hub and no hub token is set (HF_TOKEN, or "
+                "`huggingface-cli login`); accept its licence on the hub and set one before the first job"
+            )
+    return out
+
+
+def seeds_line(cfg: dict[str, Any]) -> list[str]:
+    """Said plainly when the grid has too few seeds for any verdict (report.stats.min_seeds)."""
+    seeds, needed = len(cfg["grid"]["seeds"]), int(cfg["report"]["stats"]["min_seeds"])
+    if seeds >= needed:
+        return []
+    return [
+        f"note: grid.seeds has {seeds} seed(s): the report will give no verdict (report.stats.min_seeds {needed}); "
+        f"{needed} seeds cost {needed / seeds:.0f}x the training and evaluation GPU-hours below"
+    ]
+
+
 def needs(cfg: dict[str, Any]) -> list[str]:
     """One line a requirement of a real-world or GPU run; none for the toy world on a CPU."""
     if cfg["world"] != "real" and cfg["device"] != "cuda":
         return []
-    return [*_teachers(cfg), *_data(cfg), *_models(cfg), *_gpus(cfg)]
+    return [*_teachers(cfg), *_data(cfg), *_models(cfg), *_gpus(cfg), *seeds_line(cfg)]
 
 
 def block(cfg: dict[str, Any], estimate: list[str]) -> str:
