@@ -16,10 +16,11 @@ def test_the_readme_table_is_what_the_committed_study_reports_render() -> None:
         "README.md's reproduction table differs from the committed reports: "
         "run python -m meml.reporting.readme_table --write"
     )
-    assert readme_table.copy_in("config/README.md") == readme_table.run_times(), (
-        "config/README.md's run times differ from the committed run.json files: "
-        "run python -m meml.reporting.readme_table --write"
-    )
+    for name in ("config/README.md", "report/example/README.md"):
+        assert readme_table.copy_in(name) == readme_table.run_times(), (
+            f"{name}'s run times differ from the committed run.json files: "
+            "run python -m meml.reporting.readme_table --write"
+        )
 
 
 def test_the_run_times_come_from_each_run_record(tmp_path: Path) -> None:

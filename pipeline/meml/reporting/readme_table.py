@@ -1,11 +1,13 @@
 """The README's reproduction table, rendered from the committed study reports: claim | paper | ours
 (pooled over the study's independent runs, with its interval) | verdict | recipe | command | time on
-2 cores; and config/README.md's table of what each committed run took. Nothing in them is typed by
+2 cores; and the table of what each committed run took and at which commit (config/README.md and
+report/example/README.md). Nothing in them is typed by
 hand: the claims and their intervals come from the study report's tables/claims.json, the times from
 each run's run.json.
 
     python -m meml.reporting.readme_table            print the tables
-    python -m meml.reporting.readme_table --write    put them into README.md and config/README.md
+    python -m meml.reporting.readme_table --write    put them into README.md, config/README.md and
+                                                     report/example/README.md
 
 tests/test_readme.py fails when a copy differs from what this renders.
 """
@@ -100,6 +102,7 @@ def run_times(example: Path = EXAMPLE) -> str:
 BLOCKS = {  # file -> (its markers, what renders the block between them)
     "README.md": (BEGIN, END, render),
     "config/README.md": (TIMES_BEGIN, TIMES_END, run_times),
+    "report/example/README.md": (TIMES_BEGIN, TIMES_END, run_times),  # which commit made each report
 }
 
 
