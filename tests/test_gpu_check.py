@@ -25,7 +25,8 @@ def test_gpu_check_cpu_part(tmp_path: Path) -> None:
     for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
         assert report[method]["step_seconds"] > 0 and report[method]["peak_memory_gib"] is None
     vllm = report["vllm"]
-    assert vllm["agreement_ok"] and vllm["follows_new_weights"] and vllm["skipped_sync_caught"], vllm
+    assert vllm["logprobs_agree"] and vllm["follows_new_weights"] and vllm["skipped_sync_caught"], vllm
+    assert vllm["logprob_gap_same_tokens"] <= 1e-3 and 0 <= vllm["greedy_agreement"] <= 1
     assert vllm["tensors_checked_exactly"] > 0 and vllm["tensors_checked_by_logprobs"] > 0  # CPU: linears repacked
     assert vllm["logprob_gap_after_sync"] <= 1e-3 < vllm["logprob_gap_stale"]
     assert "| vLLM skipped_sync_caught | True |" in done.stdout and "| one MEML-GRPO step (G=8, Q=2) |" in done.stdout
