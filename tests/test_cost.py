@@ -116,3 +116,23 @@ def test_preflight_names_what_a_real_run_lacks(tmp_path: Path, monkeypatch: pyte
     assert not any("DEEPSEEK_API_KEY" in line for line in needs(cfg))
     assert block(cfg, ["estimate"]).startswith("Before this run (") and block(cfg, ["estimate"]).endswith("estimate")
     assert needs(load_config()) == []  # the toy world on a CPU needs nothing
+
+
+def test_teachers_and_complementarity_are_priced_where_they_run() -> None:
+    """The paper's two paid teachers: 38,912 training questions each (GSM8K, StrategyQA and MathQA's
+    train splits), 1 / 0.7 tries, 0.6 x 2,048 tokens, at 30 tokens/s a request and 8 in flight.
+    Complementarity samples with transformers' generate, so it costs the hf rate under either rl.engine."""
+    from meml.plan.cost import Assumptions, assumed_h100, estimate, teacher_lines, throughputs
+
+    cfg = load_config(PROJECT / "config/paper.yaml")
+    lines = teacher_lines(cfg)
+    assert len(lines) == 2 and "38,912 training questions x 1.4 tries" in lines[0]
+    hours = 38_912 / 0.7 * 0.6 * 2048 / 30 / 3600 / 8
+    assert f"about {hours:.0f} h of API time at concurrency 8" in lines[0]
+    a = Assumptions()
+    for engine in ("vllm", "hf"):
+        changed = {**cfg, "rl": {**cfg["rl"], "engine": engine}}
+        rows = [r for r in estimate(changed, throughputs(changed), a) if r["stage"] == "complementarity"]
+        qwen = next(r for r in rows if r["model"] == "qwen2" and r["dataset"] == "gsm8k")
+        tokens = 1319 * 3 * 8 * a.fill * 2048
+        assert qwen["hours"] == pytest.approx(tokens / assumed_h100("Qwen/Qwen2.5-Math-1.5B", "hf").generate / 3600)

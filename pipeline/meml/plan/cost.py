@@ -9,7 +9,10 @@ Work, counted from the config (tokens are the unit):
                     (at most one pair of passes a question: 2 / G of the rollouts at G = 8)
         dynamic sampling counts its largest number of rounds (an upper bound)
     evaluation, per cell: test questions x evaluated experts x completion tokens (greedy)
-    complementarity, per (model, data set): questions x 3 experts x samples x completion tokens
+    complementarity, per (model, data set): questions x 3 experts x samples x completion tokens,
+                    sampled by transformers' generate whatever rl.engine is (training/engines.py)
+    teachers (API time, not GPU-hours), per teacher: training questions x tries (1 / acceptance)
+                    x fill x max_tokens, at a request's tokens per second, `concurrency` at once
 Time = generated / generation tokens per second + trained / training tokens per second, with the
 throughputs measured on this machine by a few RL steps on a random-weight model of the same
 architecture (`meml cost --measure`, probe.py), or the assumed H100 figures below.
@@ -35,6 +38,8 @@ class Assumptions:
     prompt_tokens: int = 200  # a question with its system prompt
     fill: float = 0.6  # completions use this share of max_new_tokens on average
     sft_tokens: int = 900  # one teacher trajectory with its prompt (R1-style chains are long)
+    teacher_acceptance: float = 0.7  # the share of a teacher's replies the checker accepts
+    teacher_tokens_per_second: float = 30.0  # one API request's generation speed (a reasoning model)
 
 
 @dataclass(frozen=True)
@@ -126,12 +131,44 @@ def estimate(
                      "hours": tokens / throughput[model].train / 3600})  # fmt: skip
     settings = cfg["analysis"]["complementarity"]
     for model in complementarity_models(cfg):
+        rate = complementarity_rate(cfg, model, throughput[model])
         for ds in cfg["grid"]["datasets"]:
             questions = settings["questions"] or sizes(cfg, ds)[1]
             tokens = questions * 3 * settings["samples"] * a.fill * cfg["rl"]["max_new_tokens"]
             rows.append({"stage": "complementarity", "model": model, "dataset": ds, "method": "-", "seed": None,
-                         "hours": tokens / throughput[model].generate / 3600})  # fmt: skip
+                         "hours": tokens / rate / 3600})  # fmt: skip
     return rows
+
+
+def complementarity_rate(cfg: dict[str, Any], model: str, t: Throughput) -> float:
+    """Complementarity samples with transformers' generate (training/engines.py), not rl.engine's
+    engine: its assumed rate is the hf engine's. A measured throughput was measured on rl.engine, so it
+    stands for generate only when that is hf (else the estimate is low, and says so in `meml cost`)."""
+    if cfg["rl"]["engine"] == "hf" or not t.source.startswith("assumed"):
+        return t.generate
+    return assumed_h100(str(cfg["models"][model]["source"]), "hf").generate
+
+
+def teacher_lines(cfg: dict[str, Any], a: Assumptions | None = None) -> list[str]:
+    """Each paid teacher's questions, tokens and hours of API time at its concurrency: what the first
+    jobs of a real run cost before any GPU works (assumptions in Assumptions)."""
+    a = a or Assumptions()
+    lines = []
+    for name in sorted(cfg.get("teachers") or {}):
+        t = cfg["teachers"][name]
+        if t.get("backend") not in ("openai", "vllm") or t.get("standin"):
+            continue
+        questions = sum(sizes(cfg, ds)[0] for ds in cfg["grid"]["datasets"])
+        tries = min(1 / a.teacher_acceptance, float(t.get("max_attempts") or 1))
+        tokens = questions * tries * a.fill * int(t.get("max_tokens") or 0)
+        hours = questions * tries * a.fill * int(t.get("max_tokens") or 0) / a.teacher_tokens_per_second
+        hours /= 3600 * int(t.get("concurrency") or 1)
+        lines.append(
+            f"Teacher {name} ({t.get('model')}): {questions:,} training questions x {tries:.1f} tries, about "
+            f"{tokens / 1e6:.0f}M tokens, about {hours:.0f} h of API time at concurrency {t.get('concurrency') or 1} "
+            f"(assumed {a.teacher_acceptance:.0%} accepted, {a.teacher_tokens_per_second:.0f} tokens/s a request)"
+        )
+    return lines
 
 
 def table(rows: list[dict[str, Any]], throughput: dict[str, Throughput]) -> str:
@@ -251,4 +288,4 @@ def headlines_both_engines(cfg: dict[str, Any], measured: Path) -> list[str]:
     alternative = {**cfg, "rl": {**cfg["rl"], "engine": other}}
     hours = sum(r["hours"] for r in estimate(alternative, throughputs(alternative, measured)))
     lines.append(f"With rl.engine: {other} instead: {hours:.1f} GPU-hours.")
-    return lines
+    return [*teacher_lines(cfg), *lines]
