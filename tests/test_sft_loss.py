@@ -70,14 +70,28 @@ def test_the_gpu_keeps_trls_trainer() -> None:
     assert _sft_trainer_class("cuda") is SFTTrainer and _sft_trainer_class("cpu") is not SFTTrainer
 
 
-@pytest.mark.parametrize(("processes", "accum"), [(1, 4), (2, 2), (4, 1)])
-def test_the_effective_sft_batch_is_the_configs_whatever_the_processes(processes: int, accum: int) -> None:
-    """batch_size 8 x grad_accum 4: 32 sequences an optimiser step on one process or several."""
+@pytest.mark.parametrize(
+    ("batch", "accum", "processes", "expected"),
+    [
+        (8, 4, 1, (8, 4)),
+        (8, 4, 2, (8, 2)),
+        (8, 4, 4, (8, 1)),
+        (16, 1, 1, (16, 1)),
+        (16, 1, 2, (8, 1)),
+        (6, 2, 4, (3, 1)),
+    ],
+)
+def test_the_effective_sft_batch_is_the_configs_whatever_the_processes(
+    batch: int, accum: int, processes: int, expected: tuple[int, int]
+) -> None:
+    """batch_size x grad_accum sequences an optimiser step on one process or several: accumulation
+    shrinks first, then the per-process batch; a share the processes cannot split evenly is refused."""
     from meml.core.io import DataError
-    from meml.training.sft import accumulation
+    from meml.training.sft import per_process_batch
 
-    settings = {"batch_size": 8, "grad_accum": 4}
-    assert accumulation(settings, processes) == accum
-    assert 8 * processes * accumulation(settings, processes) == 32
+    settings = {"batch_size": batch, "grad_accum": accum}
+    per_device, steps = per_process_batch(settings, processes)
+    assert (per_device, steps) == expected and per_device <= batch
+    assert per_device * steps * processes == batch * accum
     with pytest.raises(DataError, match=r"sft\.grad_accum"):
-        accumulation(settings, 3)  # 32 cannot be shared by three processes of 8
+        per_process_batch({"batch_size": 8, "grad_accum": 4}, 3)  # 32 cannot be shared by three processes

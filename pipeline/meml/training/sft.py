@@ -29,23 +29,27 @@ from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages, read_trajectories
 
 
-def accumulation(settings: dict[str, Any], processes: int) -> int:
-    """Gradient accumulation steps that keep the effective batch the config names,
-    sft.batch_size x sft.grad_accum sequences an optimiser step, whatever the number of processes:
-    under `accelerate launch` each of N processes takes batch_size a micro-step, so accumulation
-    shrinks by N. A batch the processes cannot share evenly is refused by name."""
+def per_process_batch(settings: dict[str, Any], processes: int) -> tuple[int, int]:
+    """(sequences a process takes a micro-step, micro-steps an optimiser step) that keep the
+    effective batch the config names, sft.batch_size x sft.grad_accum sequences an optimiser step,
+    whatever the number of processes: under `accelerate launch` each of N processes contributes
+    effective / N, in as few micro-steps of at most sft.batch_size as divide it. A batch the processes
+    cannot share evenly is refused by name."""
     batch, accum = int(settings["batch_size"]), int(settings["grad_accum"])
     effective = batch * accum
-    if effective % (batch * processes):
+    if effective % processes:
         raise DataError(
             f"sft.batch_size {batch} x sft.grad_accum {accum} = {effective} sequences a step cannot be shared by "
-            f"{processes} processes of {batch} each; make batch_size x grad_accum a multiple of batch_size x "
-            "launch.processes",
+            f"{processes} processes; make it a multiple of launch.processes",
             None,
             None,
             "sft.grad_accum",
         )
-    return effective // (batch * processes)
+    share = effective // processes
+    steps = -(-share // batch)  # at least this many micro-steps of at most batch_size
+    while share % steps:
+        steps += 1
+    return share // steps, steps
 
 
 def sft_examples(
@@ -207,12 +211,14 @@ def run_sft(
             file=sys.stderr,
         )
     rows, marked = training_rows(tokenizer, examples)
+    # the config's effective batch whatever the number of processes (accelerate sets WORLD_SIZE)
+    per_device, micro_steps = per_process_batch(settings, int(os.environ.get("WORLD_SIZE", "1")))
     config = SFTConfig(
         output_dir=str(work),
         learning_rate=float(settings["lr"]),
         num_train_epochs=float(settings["epochs"]),
-        per_device_train_batch_size=int(settings["batch_size"]),
-        gradient_accumulation_steps=accumulation(settings, int(os.environ.get("WORLD_SIZE", "1"))),
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=micro_steps,
         lr_scheduler_type=str(settings["scheduler"]),
         warmup_steps=float(settings["warmup_ratio"]),
         max_length=int(settings["max_length"]),
