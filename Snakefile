@@ -48,7 +48,7 @@ onstart:
 
         patch_slurm_plugin()
         return
-    if GPU:  # each job that takes GPUs records which it got (pipeline/meml/gpus.py)
+    if GPU:  # each job that takes GPUs records which it got (pipeline/meml/core/gpus.py)
         os.environ["MEML_GPU_LOG"] = str(Path(LOGS).resolve() / "gpus.jsonl")
         Path(LOGS).mkdir(parents=True, exist_ok=True)
     env = {"TOKENIZERS_PARALLELISM": "false", **OFFLINE}

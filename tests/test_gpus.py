@@ -1,4 +1,4 @@
-"""GPU placement (pipeline/meml/gpus.py): each job takes GPUs of its own by file locks, waits
+"""GPU placement (pipeline/meml/core/gpus.py): each job takes GPUs of its own by file locks, waits
 while none is free, keeps SLURM's placement, and the warm worker stays off on a GPU."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import PROJECT
 
-from meml import gpus, worker
+from meml import worker
+from meml.core import gpus
 
 
 def _job(tmp: Path, n: int, *command: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
@@ -19,7 +20,7 @@ def _job(tmp: Path, n: int, *command: str, timeout: float = 60, **env: str) -> s
                "MEML_GPU_LOCKS": str(tmp / "locks"), "MEML_GPU_LOG": str(tmp / "gpus.jsonl"), **env}  # fmt: skip
     if "SLURM_JOB_ID" not in env:
         environ.pop("SLURM_JOB_ID", None)
-    cmd = [sys.executable, "-m", "meml.gpus", str(n), *command]
+    cmd = [sys.executable, "-m", "meml.core.gpus", str(n), *command]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
 
 

@@ -59,7 +59,7 @@ def test_a_dry_run_refuses_an_update_that_does_not_fit(tmp_path: Path) -> None:
     dry = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert dry.returncode != 0
     said = dry.stdout + dry.stderr
-    assert "does not fit the GPU" in said and "lower rl.micro_batch_tokens (now 200000)" in said
+    assert "fix first:" in said and "the RL update needs" in said and "lower rl.micro_batch_tokens (now 200000)" in said
     assert not (tmp_path / "results").exists()
 
 

@@ -51,7 +51,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "grid: {models: [qwen2], datasets: [strategyqa]}\n"
         f"extras: {{datasets: [strategyqa], methods: {json.dumps(EXTRAS)}}}\nexperts: {{count: 5}}\n"
     )
-    # on two pretend GPUs (pipeline/meml/gpus.py): every job that would take a GPU gets one of its own
+    # on two pretend GPUs (pipeline/meml/core/gpus.py): every job that would take a GPU gets one of its own
     gpus = {"MEML_SIMULATE_GPUS": "2", "MEML_GPU_LOCKS": str(tmp / "gpu-locks")}
     done = _run(tmp, "--configfile", str(SMOKE), str(tmp / "grid.yaml"), "--resources", "gpu=2", env=gpus)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -195,7 +195,7 @@ def start(path: str | Path, env: dict[str, str] | None = None, timeout: float = 
     """Start a worker in the background and wait until it listens. None where fork is unsafe
     (not Linux), on a GPU (`device` cuda: CUDA does not survive a fork once any library in the
     parent has touched it, and the libraries the worker imports may; a job's GPUs are also chosen
-    by meml.gpus before it starts, which a forked child could not honour for a parent's CUDA
+    by meml.core.gpus before it starts, which a forked child could not honour for a parent's CUDA
     state), when MEML_NO_WORKER is set, or when it does not come up: jobs then run as fresh
     processes, slower and otherwise the same."""
     import subprocess

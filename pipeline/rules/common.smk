@@ -51,7 +51,7 @@ ALL_EXPERTS = list(range(N_EXPERTS))
 PAPER_EXPERTS = list(grid.PAPER_EXPERTS)  # the paper's MEF experts; 3 and 4 exist for the number-of-experts study
 CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 # GPUs a job takes: one, or launch.processes for SFT and RL. MEML_SIMULATE_GPUS=K runs the same
-# placement on a CPU with K pretend GPUs (pipeline/meml/gpus.py; docs/gpus-and-clusters.md).
+# placement on a CPU with K pretend GPUs (pipeline/meml/core/gpus.py; docs/gpus-and-clusters.md).
 SIMULATED_GPUS = int(os.environ.get("MEML_SIMULATE_GPUS") or 0)
 GPU = 1 if config["device"] == "cuda" or SIMULATED_GPUS else 0
 PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
@@ -62,10 +62,10 @@ PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-paral
 # The socket reaches the jobs through the environment (set in onstart), never through a shell
 # line or params: those are part of what Snakemake compares to decide a rerun.
 MEML = f"{shlex.quote(sys.executable)} -m meml.run"
-# A job that takes GPUs starts through meml.gpus, which gives it GPUs of its own (CUDA_VISIBLE_DEVICES):
+# A job that takes GPUs starts through meml.core.gpus, which gives it GPUs of its own (CUDA_VISIBLE_DEVICES):
 # Snakemake's --resources gpu=K only counts. Empty without GPUs, so a CPU job's command is unchanged.
-ON_GPU = f"{shlex.quote(sys.executable)} -m meml.gpus {GPU}" if GPU else ""
-ON_GPUS = f"{shlex.quote(sys.executable)} -m meml.gpus {GPU * PROCESSES}" if GPU else ""
+ON_GPU = f"{shlex.quote(sys.executable)} -m meml.core.gpus {GPU}" if GPU else ""
+ON_GPUS = f"{shlex.quote(sys.executable)} -m meml.core.gpus {GPU * PROCESSES}" if GPU else ""
 OFFLINE = {"HF_HUB_OFFLINE": "1"} if WORLD == "toy" else {}  # the toy world never touches the network
 # A line per finished cell (pipeline/meml/progress.py): jobs done of total, time left, accuracy.
 PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"

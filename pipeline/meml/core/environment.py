@@ -59,7 +59,7 @@ def environment_record(start_model: str | Path, device: str = "cpu") -> dict[str
         "device": device,
         "start_weights_sha256": weights_sha256(start_model),
     }
-    if os.environ.get("MEML_DEVICES"):  # the GPUs meml.gpus gave the job (or MEML_SIMULATE_GPUS's)
+    if os.environ.get("MEML_DEVICES"):  # the GPUs meml.core.gpus gave the job (or MEML_SIMULATE_GPUS's)
         env["devices"] = os.environ["MEML_DEVICES"]
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))

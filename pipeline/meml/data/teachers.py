@@ -144,7 +144,7 @@ class VLLMTeacher:
     unfinished question of a round at once (vLLM schedules the batch itself)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from meml.gpus import claim
+        from meml.core.gpus import claim
 
         claim(1)  # a GPU of its own (the rule counts one for a vLLM teacher), before anything touches CUDA
         try:

@@ -1,4 +1,4 @@
-"""`python -m meml.gpus N COMMAND...`: run a DAG job on N GPUs of its own.
+"""`python -m meml.core.gpus N COMMAND...`: run a DAG job on N GPUs of its own.
 
 Snakemake's `--resources gpu=K` only counts: it lets jobs start while their `gpu` adds up to at
 most K, and says nothing about which GPU each one gets. Without this, every single-process job
@@ -12,7 +12,7 @@ when this process ends, however it ends.
                         recorded, so that it can be tested without a GPU)
     the locks           MEML_GPU_LOCKS (default /tmp/meml-gpus-<uid>): one file a GPU, shared by
                         every workflow on the node, so two workflows side by side do not collide
-    the record          MEML_GPU_LOG, when set (the Snakefile sets results/<profile>/logs/gpus.jsonl):
+    the record          MEML_GPU_LOG, when set (the Snakefile sets logs/<profile>/gpus.jsonl):
                         a line per job when it ends, {job, devices, start, end, returncode}; and
                         MEML_DEVICES in its environment (the RL and SFT jobs write it into their
                         DONE's `environment`)
@@ -101,7 +101,7 @@ def claim(n: int) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m meml.gpus N COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m meml.core.gpus N COMMAND [ARGS...]", file=sys.stderr)
         return 2
     n, command = int(argv[0]), argv[1:]
     if n == 0:
