@@ -434,3 +434,32 @@ def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
     partial["warmup_steps"] = 0
     with pytest.raises(DataError, match=r"rl\.buffer\.sft_lr"):
         RLSettings.from_config(partial)
+
+
+def test_a_run_closes_the_engine_it_started_and_not_one_it_was_given(
+    small_world: Path, base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine run_rl starts gives its memory back when the run ends (vLLM's weights and KV
+    cache: a second engine in the process would otherwise sit beside the first); a caller's engine
+    stays the caller's."""
+    from meml.training import rl
+
+    data = small_world / "data/gsm8k"
+    closed: list[str] = []
+
+    class Closing(ScriptedEngine):
+        def close(self) -> None:
+            closed.append(self.name)
+
+    def make(name: str) -> Any:
+        engine = scripted_engine(base_model, data)
+        engine.__class__ = Closing
+        engine.name = name  # type: ignore[attr-defined]
+        return engine
+
+    monkeypatch.setattr(rl, "make_engine", lambda *args, **kwargs: make("started"))
+    method = Method.from_config("m", METHODS["MoE-SFT-GRPO"])
+    train(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", tmp_path / "a")
+    train(tiny_settings(steps=1), method, base_model, data, small_world / "experts/gsm8k", tmp_path / "b",
+          engine=make("given"))  # fmt: skip
+    assert closed == ["started"]

@@ -381,63 +381,71 @@ def run_rl(
 
     # load and check everything that can fail, then start (or resume) in the folder
     run = load(args, paths, precision, dist, engine)
-    rl_run.start(out, args.params, run.steps, tracking.mlflow, dist)
-    first = rl_run.resume(out, run.checkpointed(), args.seed, dist)
-    if first and dist.is_main:  # the job's log says so: after a cancelled or killed job, no step is redone
-        print(f"[meml] resuming {out} at step {first} of {run.steps} (its newest checkpoint)", file=sys.stderr)
-    policy = run.learner.policy
-    run.engine.sync_weights(policy)
-    check_synced(run.engine, policy)
-    environment = environment_record(paths.model, precision.device)  # DONE and MLflow params
-    tracker = None
-    if dist.is_main:
-        logged = {**tracking.params, "environment": environment}
-        tracker = Tracker(out, tracking.key, logged, tracking.mlflow, first, tags=tracking.tags)
-
-    def sample(batch: list[Record]) -> Groups:  # rollouts of every RL expert, scored  (Qp, E, R)
-        return sample_groups(run.engine, run.tokenizer, batch, experts, counts, s.sampling, args.prompts, args.reward)
-
-    shown = progress and dist.is_main
-    bar = tqdm(range(first, run.steps), desc=f"RL {method.name}", initial=first, total=run.steps, disable=not shown)
-    for step in bar:
-        t0 = time.time()
-        # 1.-3. this process's Qp = Q / processes questions, rollouts and rewards        (Qp, E, R)
-        sampled = sample_step(dist, run.records, run.order, Q, sum(counts), method.dynamic_sampling, sample)
-        groups, rollout_seconds = sampled.groups, time.time() - t0
-        # 4. advantages inside each (question, expert) subgroup, flattened          (N,) sequences
-        seqs = advantages_step(groups, method.advantage, run.stops.end_of_turn)
-        # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
-        tie_break = random.Random(f"iml-{args.seed}-{step}-{dist.rank}")
-        iml = iml_step(groups, method.iml, tie_break, args.reward.format_bonus)
-        # 6. HSFT: failures offered to the buffer (identical in every process); a full one is drained
-        hsft = hsft_step(run, groups, experts, dist, args.prompts) if method.hsft else HSFTBatch()
-        # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
-        stats = update_step(run.learner, s, method.advantage, seqs, iml, hsft, dist)
+    try:
+        rl_run.start(out, args.params, run.steps, tracking.mlflow, dist)
+        first = rl_run.resume(out, run.checkpointed(), args.seed, dist)
+        if first and dist.is_main:  # the job's log says so: after a cancelled or killed job, no step is redone
+            print(f"[meml] resuming {out} at step {first} of {run.steps} (its newest checkpoint)", file=sys.stderr)
+        policy = run.learner.policy
         run.engine.sync_weights(policy)
-        check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
-        # 8. metrics, over every process's questions
-        seconds = time.time() - t0
-        metrics = step_metrics(dist, run, sampled, seqs, iml, hsft, experts, stats, seconds, rollout_seconds)
-        if tracker is not None:
-            tracker.log(step, metrics)
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
-        # ... and a checkpoint every checkpoint_every steps and at the end
-        done_steps = step + 1
-        if done_steps % s.checkpoint_every == 0 or done_steps == run.steps:
-            rl_run.save(out, done_steps, run.checkpointed(), dist, tracker)
-        if stop_after is not None and done_steps >= stop_after and done_steps < run.steps:
-            if tracker is not None:
-                tracker.close("KILLED")
-            raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
+        check_synced(run.engine, policy)
+        environment = environment_record(paths.model, precision.device)  # DONE and MLflow params
+        tracker = None
+        if dist.is_main:
+            logged = {**tracking.params, "environment": environment}
+            tracker = Tracker(out, tracking.key, logged, tracking.mlflow, first, tags=tracking.tags)
 
-    summary = {
-        "method": method.name,
-        "steps": run.steps,
-        "processes": dist.world,
-        "precision": precision.dtype,
-        "trajectories_over_max_new_tokens": run.over_cap,
-    }
-    return rl_run.finish(out, run.tokenizer, policy, summary, environment, dist, tracker, s.keep_checkpoints)
+        def sample(batch: list[Record]) -> Groups:  # rollouts of every RL expert, scored  (Qp, E, R)
+            return sample_groups(
+                run.engine, run.tokenizer, batch, experts, counts, s.sampling, args.prompts, args.reward
+            )
+
+        shown = progress and dist.is_main
+        bar = tqdm(range(first, run.steps), desc=f"RL {method.name}", initial=first, total=run.steps, disable=not shown)
+        for step in bar:
+            t0 = time.time()
+            # 1.-3. this process's Qp = Q / processes questions, rollouts and rewards        (Qp, E, R)
+            sampled = sample_step(dist, run.records, run.order, Q, sum(counts), method.dynamic_sampling, sample)
+            groups, rollout_seconds = sampled.groups, time.time() - t0
+            # 4. advantages inside each (question, expert) subgroup, flattened          (N,) sequences
+            seqs = advantages_step(groups, method.advantage, run.stops.end_of_turn)
+            # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
+            tie_break = random.Random(f"iml-{args.seed}-{step}-{dist.rank}")
+            iml = iml_step(groups, method.iml, tie_break, args.reward.format_bonus)
+            # 6. HSFT: failures offered to the buffer (identical in every process); a full one is drained
+            hsft = hsft_step(run, groups, experts, dist, args.prompts) if method.hsft else HSFTBatch()
+            # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
+            stats = update_step(run.learner, s, method.advantage, seqs, iml, hsft, dist)
+            run.engine.sync_weights(policy)
+            check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
+            # 8. metrics, over every process's questions
+            seconds = time.time() - t0
+            metrics = step_metrics(dist, run, sampled, seqs, iml, hsft, experts, stats, seconds, rollout_seconds)
+            if tracker is not None:
+                tracker.log(step, metrics)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
+            # ... and a checkpoint every checkpoint_every steps and at the end
+            done_steps = step + 1
+            if done_steps % s.checkpoint_every == 0 or done_steps == run.steps:
+                rl_run.save(out, done_steps, run.checkpointed(), dist, tracker)
+            if stop_after is not None and done_steps >= stop_after and done_steps < run.steps:
+                if tracker is not None:
+                    tracker.close("KILLED")
+                raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
+
+        summary = {
+            "method": method.name,
+            "steps": run.steps,
+            "processes": dist.world,
+            "precision": precision.dtype,
+            "trajectories_over_max_new_tokens": run.over_cap,
+        }
+        return rl_run.finish(out, run.tokenizer, policy, summary, environment, dist, tracker, s.keep_checkpoints)
+    finally:
+        if engine is None:  # the engine this run started: its memory goes back (a next run may start one)
+            close = getattr(run.engine, "close", None)
+            if close is not None:
+                close()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -255,6 +255,19 @@ class VLLMEngine:
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return [[completion_of(choice, self.tokenizer) for choice in out.outputs] for out in outputs]
 
+    def close(self) -> None:
+        """Give back the engine's weights and KV cache (on a GPU, rl.vllm.gpu_memory_utilization of
+        it): a process that starts another engine afterwards (gpu_check, one run after another)
+        would otherwise hold both. The engine is unusable afterwards."""
+        import gc
+
+        import torch
+
+        self.__dict__.pop("llm", None)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
         """log p of each token of `ids` after the first, under vLLM's current weights."""
         vllm = require_vllm()
