@@ -54,17 +54,10 @@ def settings_for(cpu: bool, questions: int) -> dict[str, Any]:
 
 def update_memory_estimates() -> dict[str, Any]:
     """The paper config's RL update memory per model (training/memory.py), at its largest cap."""
-    from meml.core.config import dataset_rl
-    from meml.training.memory import update_memory
-    from meml.training.probe import architecture
+    from meml.training.memory import config_estimates
 
-    cfg = load_config(PAPER)
-    out = {}
-    for model in cfg["models"]:
-        rl = max((dataset_rl(cfg, ds) for ds in cfg["grid"]["datasets"]), key=lambda r: int(r["max_new_tokens"]))
-        memory = update_memory(architecture(cfg, model), rl, float(cfg["launch"]["gpu_memory_gib"]))
-        out[model] = {"line": memory.line(model), **memory.record()}
-    return out
+    estimates = config_estimates(load_config(PAPER))
+    return {model: {"line": memory.line(model), **memory.record()} for model, memory in estimates.items()}
 
 
 def peak_rss_gib() -> float:

@@ -59,12 +59,9 @@ def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
     ]
     gradient_only: list[tuple[str, stats.Estimate]] = []
     for method in grid.methods(cfg):
-        per_ds = []
-        for ds in datasets:
-            cells = [reward_change(results, m, ds, method, seeds) for m in models]
-            per_ds.append(cells_average(cfg, models, cells))
-        every = [reward_change(results, m, ds, method, seeds) for m in models for ds in datasets]
-        pooled = cells_average(cfg, models, every)
+        change = {(m, ds): reward_change(results, m, ds, method, seeds) for m in models for ds in datasets}
+        per_ds = [cells_average(cfg, models, [change[m, ds] for m in models]) for ds in datasets]
+        pooled = cells_average(cfg, models, list(change.values()))
         lines.append(f"| {method} | " + " | ".join(_cell(e, level) for e in [*per_ds, pooled]) + " |")
         switches = cfg["methods"][method]
         if not switches.get("iml") and not switches.get("hsft"):

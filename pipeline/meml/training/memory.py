@@ -160,22 +160,32 @@ def update_memory(architecture: dict[str, Any], rl: dict[str, Any], gpu_memory_g
     )
 
 
-def config_lines(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Per grid model, its RL update at the largest answer cap among the grid's data sets: (the
-    lines the dry run prints, the refusals). A refusal names the keys that shrink the update."""
+def largest_cap_rl(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rl settings (with its data set's entry) of the grid's data set with the largest answer cap."""
     from meml.core.config import dataset_rl
+
+    return max((dataset_rl(cfg, ds) for ds in cfg["grid"]["datasets"]), key=lambda r: int(r["max_new_tokens"]))
+
+
+def config_estimates(cfg: dict[str, Any]) -> dict[str, UpdateMemory]:
+    """Per grid model, its RL update at the largest answer cap among the grid's data sets."""
     from meml.training.probe import architecture
 
+    rl, gpu = largest_cap_rl(cfg), float(cfg["launch"]["gpu_memory_gib"])
+    return {m: update_memory(architecture(cfg, m), rl, gpu) for m in cfg["grid"].get("models") or list(cfg["models"])}
+
+
+def config_lines(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """config_estimates as (the lines the dry run prints, the refusals). A refusal names the keys
+    that shrink the update."""
     lines, refusals = ["The RL update on one GPU, measured on the meta device (training/memory.py):"], []
-    for model in cfg["grid"].get("models") or list(cfg["models"]):
-        arch = architecture(cfg, model)
-        rl = max((dataset_rl(cfg, ds) for ds in cfg["grid"]["datasets"]), key=lambda r: int(r["max_new_tokens"]))
-        memory = update_memory(arch, rl, float(cfg["launch"]["gpu_memory_gib"]))
+    budget = largest_cap_rl(cfg)["micro_batch_tokens"]
+    for model, memory in config_estimates(cfg).items():
         lines.append("  " + memory.line(model))
         if not memory.fits:
             refusals.append(
                 f"models.{model}: the RL update needs {memory.total / GIB:.1f} GiB of launch.gpu_memory_gib "
-                f"{memory.gpu / GIB:.0f}: lower rl.micro_batch_tokens (now {rl['micro_batch_tokens']}) or "
-                f"rl.vllm.gpu_memory_utilization, or name a larger GPU"
+                f"{memory.gpu / GIB:.0f}: lower rl.micro_batch_tokens (now {budget}) or "
+                "rl.vllm.gpu_memory_utilization, or name a larger GPU"
             )
     return lines, refusals
