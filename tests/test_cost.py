@@ -136,3 +136,23 @@ def test_teachers_and_complementarity_are_priced_where_they_run() -> None:
         qwen = next(r for r in rows if r["model"] == "qwen2" and r["dataset"] == "gsm8k")
         tokens = 1319 * 3 * 8 * a.fill * 2048
         assert qwen["hours"] == pytest.approx(tokens / assumed_h100("Qwen/Qwen2.5-Math-1.5B", "hf").generate / 3600)
+
+
+def test_slurm_runtimes_by_hand_and_in_the_profile() -> None:
+    """The longest job of each rule, doubled, plus 10 minutes, in half hours; profiles/slurm asks for
+    what `meml cost --slurm` says of the paper's grid at the assumed H100 throughputs."""
+    import yaml
+
+    from meml.plan.cost import slurm_runtimes, throughputs
+
+    paper = load_config(PROJECT / "config/paper.yaml")
+    minutes = slurm_runtimes(paper, throughputs(paper))
+    # SFT's longest job: MathQA's 29,837 questions x 3 experts x 1 epoch x 900 tokens on Qwen2.5-1.5B
+    # at 0.4 x 989e12 / (8 x 1.54e9) = 32,110 tokens/s: 2,509 s = 41.8 min; x 2 + 10 = 93.6 -> 120
+    assert minutes["sft"] == 120
+    # by hand on the small grid: evaluation 10 questions x 1 expert x 0.5 x 32 tokens at 100 tokens/s
+    # = 1.6 s, so 0.05 min + 10 -> 30 (the floor a half hour gives)
+    assert slurm_runtimes(_cfg(), SPEED, a=A)["evaluate"] == 30
+    profile = yaml.safe_load((PROJECT / "profiles/slurm/config.yaml").read_text())["set-resources"]
+    assert {rule: profile[rule]["runtime"] for rule in minutes} == minutes
+    assert set(profile) == set(minutes), "every GPU rule has a runtime from the estimate"

@@ -252,7 +252,13 @@ def cmd_cost(args: argparse.Namespace) -> None:
     from meml.plan import cost
 
     cfg = _config(args)
-    text = cost.report(cfg, Layout.of(cfg, args.results).root / "cost_throughput.json", args.measure, args.steps)
+    measured = Layout.of(cfg, args.results).root / "cost_throughput.json"
+    text = cost.report(cfg, measured, args.measure, args.steps)
+    if args.slurm:  # the runtimes to give each rule in a SLURM profile (profiles/slurm holds the paper's)
+        minutes = cost.slurm_runtimes(cfg, cost.throughputs(cfg, measured))
+        text = "\n".join(
+            ["set-resources runtimes (minutes; profiles/slurm):", *(f"  {r}: {m}" for r, m in minutes.items())]
+        )
     print(text)
     if args.out:
         atomic_write_text(Path(args.out), text + "\n")
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="RL steps timed per model (the first is warm-up)")
     p.add_argument("--results", help="results folder (default results/<profile>); the throughputs are kept there")
     p.add_argument("--out", help="also write the table to this Markdown file")
+    p.add_argument("--slurm", action="store_true", help="print each GPU rule's SLURM runtime instead (2x the estimate)")
     p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("toy-world", help="build the toy data sets and expert trajectories")

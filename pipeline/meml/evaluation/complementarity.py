@@ -11,11 +11,18 @@ Averaged over questions and draws:
     at_least_one_correct         the share where some expert is right
     patterns                     the share of each failure pattern (which experts are wrong)
 Also pass@k per expert and for the pooled experts (a question solved in any of the k draws).
+
+Sampling goes in chunks of `batch_size` questions, each seeded by (seed, expert, chunk) and saved to
+`<out>.work/` as it ends: a killed or preempted analysis resumes at the first chunk not saved, and
+ends with the numbers of an uninterrupted one. Chunks made under other settings are never reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +31,8 @@ import torch
 
 from meml.core.answers import is_correct
 from meml.core.attention import attention_kwargs
-from meml.core.io import DataError, atomic_write_json
+from meml.core.environment import weights_sha256
+from meml.core.io import DataError, atomic_write_json, read_json
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages
 from meml.training.engines import sampling_engine
@@ -43,10 +51,12 @@ def sample_correctness(
     seed: int = 0,
     batch_size: int = 64,
     mode: str = "lenient",
+    work: str | Path | None = None,
 ) -> torch.Tensor:
     """correct[q, e, j]: whether expert e's j-th sample on question q is right. Shape (Q, E, k).
     `model_dir`: the MEF model, sampled under each expert's prompt (the default reading), or one
-    model per expert (the paper figure's reading: three separately fine-tuned models)."""
+    model per expert (the paper figure's reading: three separately fine-tuned models). `work`: the
+    folder where each chunk's answers are kept until the analysis ends (None: kept nowhere)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     records = read_records(data_file)[: limit or None]
@@ -56,28 +66,77 @@ def sample_correctness(
     models = [model_dir] * len(experts) if isinstance(model_dir, str | Path) else list(model_dir)
     if len(models) != len(experts):
         raise DataError(f"{len(models)} models for {len(experts)} experts: give one, or one per expert")
-    torch.manual_seed(seed)
     correct = torch.zeros(len(records), len(experts), k, dtype=torch.bool)
+    # the weights too: a retrained model in the same folder makes new chunks
+    identity = {"models": [str(m) for m in models], "weights": [weights_sha256(m) for m in dict.fromkeys(models)],
+                "data": str(data_file), "questions": [r.id for r in records],
+                "k": k, "sampling": repr(sampling), "prompts": list(prompts), "seed": seed, "mode": mode,
+                "batch_size": batch_size}  # fmt: skip
+    saved = saved_chunks(Path(work), identity) if work is not None else {}
     from tqdm import tqdm
 
     loaded: tuple[Any, Any, Any] | None = None
-    for i, e in enumerate(tqdm(experts, desc=f"sampling {k} per question and expert", unit="expert")):
-        if loaded is None or loaded[0] != models[i]:
-            tokenizer = AutoTokenizer.from_pretrained(models[i])
-            loaded = (
-                models[i],
-                tokenizer,
-                # sampled where it loads: on the CPU
-                sampling_engine(
-                    AutoModelForCausalLM.from_pretrained(models[i], **attention_kwargs("cpu")), tokenizer, batch_size
-                ),
-            )
-        _, tokenizer, engine = loaded
-        outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in records], k, sampling)
-        for q, (record, samples) in enumerate(zip(records, outs, strict=True)):
-            for j, c in enumerate(samples):
-                correct[q, i, j] = is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished)
+    chunks = range(0, len(records), batch_size)
+    progress = tqdm(total=len(experts) * len(chunks), desc=f"sampling {k} per question and expert", unit="chunk")
+    for i, e in enumerate(experts):
+        for start in chunks:
+            done = saved.get((e, start // batch_size))
+            if done is not None:
+                correct[start : start + batch_size, i] = done
+                progress.update()
+                continue
+            if loaded is None or loaded[0] != models[i]:
+                tokenizer = AutoTokenizer.from_pretrained(models[i])
+                loaded = (
+                    models[i],
+                    tokenizer,
+                    # sampled where it loads: on the CPU
+                    sampling_engine(
+                        AutoModelForCausalLM.from_pretrained(models[i], **attention_kwargs("cpu")),
+                        tokenizer,
+                        batch_size,
+                    ),
+                )
+            _, tokenizer, engine = loaded
+            chunk = records[start : start + batch_size]
+            torch.manual_seed(chunk_seed(seed, e, start // batch_size))  # a chunk's draws do not depend on the others
+            outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, e, prompts)) for r in chunk], k, sampling)
+            for q, (record, samples) in enumerate(zip(chunk, outs, strict=True)):
+                for j, c in enumerate(samples):
+                    right = is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished)
+                    correct[start + q, i, j] = right
+            if work is not None:
+                save_chunk(Path(work), identity, e, start // batch_size, correct[start : start + batch_size, i])
+            progress.update()
+    progress.close()
     return correct
+
+
+def chunk_seed(seed: int, expert: int, chunk: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{expert}/{chunk}".encode()).digest()[:4], "little")
+
+
+def saved_chunks(work: Path, identity: dict[str, Any]) -> dict[tuple[int, int], torch.Tensor]:
+    """The chunks a killed analysis saved under the same identity, by (expert, chunk); a folder
+    made under other settings is emptied."""
+    try:
+        same = read_json(work / "identity.json") == identity
+    except (OSError, ValueError, DataError):
+        same = False
+    if not same:
+        shutil.rmtree(work, ignore_errors=True)
+        atomic_write_json(work / "identity.json", identity)
+        return {}
+    found = {}
+    for path in work.glob("e*-c*.json"):
+        expert, chunk = (int(x[1:]) for x in path.stem.split("-"))
+        found[(expert, chunk)] = torch.tensor(json.loads(path.read_text()), dtype=torch.bool)
+    return found
+
+
+def save_chunk(work: Path, identity: dict[str, Any], expert: int, chunk: int, correct: torch.Tensor) -> None:
+    """One chunk's answers, correct[q, j] over its questions, written whole or not at all."""
+    atomic_write_json(work / f"e{expert}-c{chunk}.json", correct.tolist())
 
 
 def complementarity(correct: torch.Tensor, experts: Sequence[int]) -> dict[str, Any]:
@@ -166,8 +225,10 @@ def run(
     title: str,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    correct = sample_correctness(model_dir, data_file, experts, k, sampling, **kwargs)
+    work = Path(f"{out_stem}.work")
+    correct = sample_correctness(model_dir, data_file, experts, k, sampling, work=work, **kwargs)
     stats = complementarity(correct, experts)
-    atomic_write_json(f"{out_stem}.json", stats)
     plot(stats, title, out_stem)
+    atomic_write_json(f"{out_stem}.json", stats)  # last: the rule's output says the figures are there too
+    shutil.rmtree(work, ignore_errors=True)
     return stats

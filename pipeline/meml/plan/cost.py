@@ -108,9 +108,7 @@ def estimate(
     a = a or Assumptions()
     rows: list[dict[str, Any]] = []
     for cell in cells(cfg):
-        t = throughput[cell.model]
-        generated, trained = rl_work(cfg, cell.method, a, cell.dataset)
-        evaluated = eval_tokens(cfg, cell.dataset, cell.method, a)
+        rl_hours, eval_hours = cell_hours(cfg, cell, throughput[cell.model], a)
         rows.append(
             {
                 "stage": "rl+eval",
@@ -118,7 +116,7 @@ def estimate(
                 "dataset": cell.dataset,
                 "method": cell.method,
                 "seed": cell.seed,
-                "hours": (generated / t.generate + trained / t.train + evaluated / t.generate) / 3600,
+                "hours": rl_hours + eval_hours,
             }
         )
     variants: dict[tuple[str, str, str], int] = {}
@@ -138,6 +136,57 @@ def estimate(
             rows.append({"stage": "complementarity", "model": model, "dataset": ds, "method": "-", "seed": None,
                          "hours": tokens / rate / 3600})  # fmt: skip
     return rows
+
+
+def cell_hours(cfg: dict[str, Any], cell: Any, t: Throughput, a: Assumptions) -> tuple[float, float]:
+    """(RL hours, evaluation hours) of one cell."""
+    generated, trained = rl_work(cfg, cell.method, a, cell.dataset)
+    evaluated = eval_tokens(cfg, cell.dataset, cell.method, a)
+    return (generated / t.generate + trained / t.train) / 3600, evaluated / t.generate / 3600
+
+
+# What a job spends besides its tokens: loading the model, starting vLLM, writing checkpoints.
+JOB_OVERHEAD_MINUTES = 10
+
+
+def slurm_runtimes(
+    cfg: dict[str, Any], throughput: dict[str, Throughput], margin: float = 2.0, a: Assumptions | None = None
+) -> dict[str, int]:
+    """Minutes to ask SLURM for, per GPU rule: the longest job of the rule in this estimate, times
+    `margin`, plus JOB_OVERHEAD_MINUTES, rounded up to half hours. profiles/slurm's runtimes are these
+    for config/paper.yaml at the assumed H100 throughputs (a test holds them); a job that still runs out
+    of time is requeued by its retries and resumes (RL and SFT from checkpoints, complementarity from
+    its chunks)."""
+    from meml.data.experts import prompts_of
+    from meml.plan.grid import cells, eval_max_new_tokens
+
+    a = a or Assumptions()
+    rows = estimate(cfg, throughput, a)
+    longest: dict[str, float] = {}
+
+    def longer(rule: str, hours: float) -> None:
+        longest[rule] = max(longest.get(rule, 0.0), hours)
+
+    for cell in cells(cfg):
+        rl_hours, eval_hours = cell_hours(cfg, cell, throughput[cell.model], a)
+        longer("rl", rl_hours)
+        longer("evaluate", eval_hours)
+    for r in rows:
+        if r["stage"] in ("sft", "complementarity"):
+            longer(r["stage"], r["hours"])
+    c = cfg["calibration"]
+    experts = len(prompts_of(cfg))
+    for model in dict.fromkeys(cell.model for cell in cells(cfg)):
+        t = throughput[model]
+        for ds in cfg["grid"]["datasets"]:
+            test = sizes(cfg, ds)[1] if cfg["eval"]["questions"] is None else cfg["eval"]["questions"]
+            longer("evaluate_base", test * experts * a.fill * eval_max_new_tokens(cfg, ds) / t.generate / 3600)
+            sampled = c["train_questions"] * c["samples"] * experts + (c["test_questions"] or sizes(cfg, ds)[1])
+            longer("calibrate", sampled * a.fill * cfg["rl"]["max_new_tokens"] / t.generate / 3600)
+    return {
+        rule: int(30 * math.ceil((hours * 60 * margin + JOB_OVERHEAD_MINUTES) / 30))
+        for rule, hours in sorted(longest.items())
+    }
 
 
 def complementarity_rate(cfg: dict[str, Any], model: str, t: Throughput) -> float:

@@ -8,10 +8,16 @@ rendered with its generation prompt, the end-of-turn token included (`training_r
 any subset of the expert sets: [1] for the Expert1-SFT baselines, [0, 1, 2]
 for MoE-SFT and MEML. CPU: fp32, no bf16, no gradient checkpointing; GPU: bf16 (precision.py).
 Under `accelerate launch` the Trainer runs data-parallel; the main process writes the model.
+
+A run saves a checkpoint every `sft.checkpoint_every` optimiser steps into `<out>/work` (the newest
+one kept), under a record of what defines the run (`work/identity.json`). A rerun of a killed or
+preempted run resumes from the newest complete checkpoint when the identity matches, and starts over
+when anything that defines the run changed; the resumed model equals the uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -132,6 +138,36 @@ def labelled_token_loss(model: Any, inputs: dict[str, Any], num_items_in_batch: 
     return -log_probs.sum() / torch.as_tensor(count).clamp(min=1), logits.detach()
 
 
+def run_identity(model_dir: str | Path, rows: list[dict[str, Any]], settings: dict[str, Any], **more: Any) -> str:
+    """A hash of what defines an SFT run: the start weights, the rows, the settings (how often it
+    checkpoints aside) and the rest (`more`: seed, precision, processes). A checkpoint made under
+    another identity is never resumed."""
+    from meml.core.environment import weights_sha256
+
+    defining = {k: v for k, v in settings.items() if k != "checkpoint_every"}
+    text = json.dumps([weights_sha256(model_dir), rows, defining, more], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resumable_checkpoint(work: Path, identity: str) -> Path | None:
+    """The newest complete checkpoint in `work` made under `identity`, or None. The Trainer writes a
+    checkpoint's trainer_state.json last, so a checkpoint cut short by a kill has none (or an
+    unreadable one) and is passed over."""
+    try:
+        if json.loads((work / "identity.json").read_text())["identity"] != identity:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    complete = []
+    for folder in work.glob("checkpoint-*"):
+        try:
+            step = int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        complete.append((step, folder))
+    return max(complete)[1] if complete else None
+
+
 def _sft_trainer_class(device: str) -> Any:
     """trl's SFTTrainer; on a CPU with `compute_loss` replaced by `labelled_token_loss` (the same
     loss and the same logged metrics: entropy, token accuracy, tokens seen) in a single process."""
@@ -193,8 +229,6 @@ def run_sft(
         return dict(json.loads((out / "DONE").read_text()))
     work = out / "work"
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate launch: one writer
-    if main_process:
-        shutil.rmtree(work, ignore_errors=True)
     torch.manual_seed(seed)
     tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
@@ -212,7 +246,14 @@ def run_sft(
         )
     rows, marked = training_rows(tokenizer, examples)
     # the config's effective batch whatever the number of processes (accelerate sets WORLD_SIZE)
-    per_device, micro_steps = per_process_batch(settings, int(os.environ.get("WORLD_SIZE", "1")))
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    per_device, micro_steps = per_process_batch(settings, processes)
+    identity = run_identity(model_dir, rows, settings, seed=seed, precision=precision, processes=processes)
+    resume = resumable_checkpoint(work, identity)
+    if resume is None and main_process:  # another run's checkpoints, or none: start over
+        shutil.rmtree(work, ignore_errors=True)
+        atomic_write_json(work / "identity.json", {"identity": identity})
+    every = int(settings.get("checkpoint_every") or 0)
     config = SFTConfig(
         output_dir=str(work),
         learning_rate=float(settings["lr"]),
@@ -229,7 +270,9 @@ def run_sft(
         # batches spent more than half their compute on padding.
         train_sampling_strategy=str(settings["sampler"]),
         logging_steps=5,
-        save_strategy="no",
+        save_strategy="steps" if every else "no",
+        save_steps=every or 500,  # (unused when save_strategy is "no")
+        save_total_limit=1,  # the newest; the one before goes once the newest is complete
         report_to="none",
         seed=seed,
         data_seed=seed,
@@ -241,7 +284,9 @@ def run_sft(
     )
     environment = environment_record(model_dir, precision.device)  # what the numbers depend on besides the config
     started = time.time()
-    result = trainer.train()
+    if resume is not None:
+        print(f"SFT: resuming {out} from {resume.name}", file=sys.stderr)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary = {
         "examples": len(examples),
         "truncated_at_max_length": round(truncated, 4),
