@@ -225,9 +225,11 @@ start_mlflow() {
   [[ -x $PYTHON ]] || die "no Python at $PYTHON (set MEML_PYTHON to the project's venv python)"
   "$PYTHON" -c 'import psycopg2' 2>/dev/null \
     || die "psycopg2 is missing in $PYTHON: pip install -e '.[cluster]' (MLflow's PostgreSQL driver)"
-  local uri
-  uri="postgresql://mlflow:$(cat "$STATE/pg.secret")@127.0.0.1:$PG_PORT/mlflow"
-  run mlflow "$PYTHON" -m mlflow server --backend-store-uri "$uri" \
+  # The password stays off the command line (which `ps` shows every user): the URI names no
+  # password, and libpq, under psycopg2, reads it from the password file PGPASSFILE names.
+  (umask 077; printf '127.0.0.1:%s:mlflow:mlflow:%s\n' "$PG_PORT" "$(cat "$STATE/pg.secret")" >"$STATE/pgpass")
+  PGPASSFILE=$STATE/pgpass run mlflow "$PYTHON" -m mlflow server \
+    --backend-store-uri "postgresql://mlflow@127.0.0.1:$PG_PORT/mlflow" \
     --artifacts-destination "$STATE/mlartifacts" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 2
   wait_for mlflow 180 "$PYTHON" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$MLFLOW_PORT/health', timeout=2)"
 }

@@ -246,6 +246,21 @@ def _steps_once(folder: Path, steps: int) -> None:
 
 
 @faults
+def test_the_database_password_is_on_no_command_line(cluster: object) -> None:
+    """`ps` shows every user each process's command line: the MLflow server (and its workers) get
+    PostgreSQL's password from a password file, never from their arguments."""
+    secret = (STATE / "pg.secret").read_text().strip()
+    assert len(secret) >= 16
+    lines = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(path.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # a process that ended meanwhile
+            continue
+    assert any("mlflow server" in line for line in lines), "the MLflow server is not running"
+    assert not [line for line in lines if secret in line]
+
+
 def test_scancel_of_a_running_rl_job_fails_it_and_the_rerun_resumes(
     dag: tuple[Path, str, float], background: list[subprocess.Popen[str]]
 ) -> None:
