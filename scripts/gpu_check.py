@@ -3,10 +3,12 @@
     python scripts/gpu_check.py                 # GPU: Qwen2.5-Math-1.5B's architecture, random weights, bf16
     python scripts/gpu_check.py --cpu           # CPU: the tiny qwen2 model, fp32, short lengths
 
-(a) rollout tokens per second of the HF engine, and the time and peak memory of one MEML-GRPO
-    step and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths and rollout
-    engine (vLLM), beside the RL update's memory that training/memory.py measures for each paper
-    model on the meta device (what the paper config's dry run prints);
+(a) rollout tokens per second of the HF engine, and the time and peak memory of two MEML-GRPO
+    steps and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths, micro-batches
+    and rollout engine (vLLM), beside the RL update's memory that training/memory.py measures for
+    each paper model on the meta device (what the paper config's dry run prints); the tokenizer has
+    the architecture's vocabulary (151,936 ids on a GPU, 4,096 on a CPU), so every id the random
+    model samples decodes, as with a real model's tokenizer;
 (b) where vLLM is importable (its GPU build, or its CPU build with --cpu): on the same weights,
     vLLM and the learner score the same tokens (the HF engine's greedy completions) within the
     sync check's tolerance for the precision (greedy agreement is reported beside it);
@@ -80,8 +82,14 @@ def hf_throughput(model_dir: Path, world: Path, cfg: dict[str, Any], n_prompts: 
     out = engine.generate(prompts, 8, sampling)
     seconds = time.time() - started
     tokens = sum(len(c.token_ids) for group in out for c in group)
+    # ids the tokenizer's training never filled (its <unused...> padding): the random model samples
+    # them, and they must decode
+    unused = {i for t, i in tokenizer.get_vocab().items() if t.startswith("<unused")}
+    beyond = sum(i in unused for group in out for c in group for i in c.token_ids)
     return {"rollouts": 8 * len(prompts), "tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_second": round(tokens / seconds, 1)}  # fmt: skip
+            "tokens_per_second": round(tokens / seconds, 1), "vocabulary": len(tokenizer),
+            "model_vocabulary": int(model.config.vocab_size), "sampled_beyond_trained_ids": beyond,
+            "decoded_text": sum(len(c.text) for group in out for c in group)}  # fmt: skip
 
 
 def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +187,9 @@ def main() -> int:
     questions = args.questions or (2 if cpu else int(load_config(PAPER)["rl"]["questions_per_step"]))
     cfg = settings_for(cpu, questions)
     arch_name = "tiny qwen2" if cpu else "Qwen/Qwen2.5-Math-1.5B"
-    arch = ARCHITECTURES["qwen2"] if cpu else PAPER_ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
+    # on a CPU the tiny model, with a vocabulary of 4,096 ids (500 trained, the rest padding) for the
+    # same decoding path as the paper's 151,936 at a size a CPU scores quickly
+    arch = {**ARCHITECTURES["qwen2"], "vocab_size": 4096} if cpu else PAPER_ARCHITECTURES["Qwen/Qwen2.5-Math-1.5B"]
     device = "CPU: " + (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name(0)
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -196,13 +206,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         world, model_dir = build_probe(Path(tmp) / "probe", arch)
         report["hf_rollouts"] = hf_throughput(model_dir, world, cfg, questions)
-        for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
-            run = timed_steps(cfg, method, world, model_dir, Path(tmp) / method, steps=1)
-            step = run["rows"][0]
+        estimate = report["update_memory_estimate"]["qwen2"]["total"] / 2**30
+        for method, steps in (("MEML-GRPO", 2), ("MoE-SFT-GRPO", 1)):
+            run = timed_steps(cfg, method, world, model_dir, Path(tmp) / method, steps=steps)
+            step = run["rows"][-1]
             report[method] = {
+                "steps": steps,
                 "step_seconds": round(step["perf/step_seconds"], 2),
                 "rollout_seconds": round(step["perf/rollout_seconds"], 2),
                 "peak_memory_gib": round(run["peak_gib"], 2) if run["peak_gib"] is not None else None,
+                # the meta-device estimate of the paper's update (its largest cap), for the peak beside it
+                "update_memory_estimate_gib": round(estimate, 2),
                 "peak_rss_gib": round(peak_rss_gib(), 2),
             }
         report["vllm"] = vllm_checks(model_dir, world, cfg)
@@ -212,10 +226,16 @@ def main() -> int:
     hf_rollouts = report["hf_rollouts"]
     print(f"| HF engine rollouts | {hf_rollouts['rollouts']} x up to {report['max_new_tokens']} tokens: "
           f"{hf_rollouts['tokens_per_second']} tokens/s |")  # fmt: skip
+    print(f"| vocabulary | tokenizer {hf_rollouts['vocabulary']:,} ids, model {hf_rollouts['model_vocabulary']:,}; "
+          f"{hf_rollouts['sampled_beyond_trained_ids']} sampled ids beyond the trained ones, decoded |")  # fmt: skip
     for method in ("MEML-GRPO", "MoE-SFT-GRPO"):
         r = report[method]
-        memory = f"peak GPU memory {r['peak_memory_gib']} GiB" if r["peak_memory_gib"] is not None else ""
-        print(f"| one {method} step (G=8, Q={questions}) | {r['step_seconds']} s "
+        memory = (
+            f"peak GPU memory {r['peak_memory_gib']} GiB (estimate {r['update_memory_estimate_gib']} GiB)"
+            if r["peak_memory_gib"] is not None
+            else ""
+        )
+        print(f"| {method}, {r['steps']} step(s) (G=8, Q={questions}) | last step {r['step_seconds']} s "
               f"(rollouts {r['rollout_seconds']} s) {memory} peak RSS {r['peak_rss_gib']} GiB |")  # fmt: skip
     for key, value in report["vllm"].items():
         print(f"| vLLM {key} | {value} |")

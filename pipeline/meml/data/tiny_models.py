@@ -119,8 +119,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, style: str = "toy") -> Any:
-    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer (`style`: TOKENIZER_STYLES)."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, style: str = "toy", pad_to: int = 0) -> Any:
+    """A byte-level BPE tokenizer wrapped as a transformers fast tokenizer (`style`: TOKENIZER_STYLES).
+    `pad_to`: ids up to this many, the ones training did not fill named `<unused{id}>` (plain
+    vocabulary that text never tokenizes to): a random model of a real vocabulary (151,936 ids for
+    Qwen2.5) then samples only ids the tokenizer can decode, as a real model's tokenizer can."""
     if style not in TOKENIZER_STYLES:
         raise DataError(f"unknown tokenizer style '{style}'; known: {', '.join(TOKENIZER_STYLES)}")
     spec = TOKENIZER_STYLES[style]
@@ -142,6 +145,13 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, style: str = 
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    if pad_to > tok.get_vocab_size():
+        import json
+
+        spec_json = json.loads(tok.to_str())
+        vocab = spec_json["model"]["vocab"]
+        vocab.update({f"<unused{i}>": i for i in range(tok.get_vocab_size(), pad_to)})
+        tok = Tokenizer.from_str(json.dumps(spec_json))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=spec["eos"],

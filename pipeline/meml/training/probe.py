@@ -73,15 +73,17 @@ def architecture(cfg: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def build_probe(root: Path, arch: dict[str, Any], seed: int = 0) -> tuple[Path, Path]:
-    """A small toy world and a random-weight model of `arch` with the toy tokenizer (its ids fit
-    any vocabulary); returns (world folder, model folder)."""
+    """A small toy world and a random-weight model of `arch` with the toy tokenizer, padded to the
+    architecture's vocabulary (`train_tokenizer`'s pad_to), so that every id the random model samples
+    decodes; returns (world folder, model folder)."""
     from meml.data.experts import DEFAULT_PROMPTS
     from meml.data.tiny_models import model_from_architecture, save_atomically, toy_corpus, train_tokenizer
     from meml.data.toy.world import build_world
 
     world = root / "world"
     build_world(world, seed, {"gsm8k": (64, 8)})
-    tokenizer = train_tokenizer(toy_corpus(world, DEFAULT_PROMPTS[:3]), vocab_size=500)
+    corpus = toy_corpus(world, DEFAULT_PROMPTS[:3])
+    tokenizer = train_tokenizer(corpus, vocab_size=500, pad_to=int(arch.get("vocab_size") or 0))
     model = model_from_architecture(arch, tokenizer, seed)
     save_atomically(root / "model", tokenizer, model)
     return world, root / "model"
