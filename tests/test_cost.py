@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT
+from conftest import PAPER_DATA_PINS, PROJECT
 
 from meml.core.config import load_config
 from meml.plan.cost import Assumptions, Throughput, estimate, rl_work, table
@@ -82,8 +82,8 @@ def test_measured_throughput_is_kept_for_later_estimates(tmp_path: Path) -> None
 
 
 def test_paper_dry_run_prints_the_estimate(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(PROJECT / "Snakefile"),
-           "--directory", str(tmp_path), "--configfile", str(PROJECT / "config/paper.yaml")]  # fmt: skip
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(PROJECT / "Snakefile"), "--directory",
+           str(tmp_path), "--configfile", str(PROJECT / "config/paper.yaml"), str(PAPER_DATA_PINS)]  # fmt: skip
     env = {**os.environ, "HF_TOKEN": "hf_placeholder"}  # the gated model's token: only its presence is checked
     dry = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]

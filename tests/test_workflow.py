@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT
+from conftest import PAPER_DATA_PINS, PROJECT
 
 from meml.core.environment import weights_sha256
 
@@ -217,9 +217,12 @@ def test_a_forced_rerun_keeps_the_old_run_with_its_evaluation_and_one_active_mlf
 
 
 def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), env=HUB_TOKEN)
+    paper = (str(PROJECT / "config/paper.yaml"), str(PAPER_DATA_PINS))
+    dry = _run(tmp_path, "-n", "--configfile", *paper, env=HUB_TOKEN)
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
+    assert counts["hub_model"] == 2  # each model at its commit, once; every stage starts from that copy
+    assert "hub-model --source Qwen/Qwen2.5-Math-1.5B --revision 4a83ca6e4526a4f2da3aa259ec36c259f66b2ab2" in dry.stdout
     assert counts["rl"] == counts["evaluate"] == 2 * 3 * 7
     assert counts["sft"] == 2 * 3 * 2 and counts["prepare_real"] == 3 and counts["complementarity"] == 6
     assert counts["gold_expert"] == 3 and counts["teacher_trajectories"] == 3 * 2  # experts 1 and 2 per data set
@@ -227,27 +230,29 @@ def test_paper_config_lists_the_full_grid_offline(tmp_path: Path) -> None:
 
 
 def test_the_paper_dry_run_refuses_what_would_fail_after_money_is_spent(tmp_path: Path) -> None:
-    """No hub token for the gated Llama, and a teacher cap above RL's: the dry run stops before the
-    job list, one line each, naming the key; with a token and the paper's caps it goes on."""
+    """No hub token for the gated Llama, a teacher cap above RL's, two data sets without a hub commit:
+    the dry run stops before the job list, one line each, naming the key; with a token, the paper's
+    caps and commits it goes on."""
     longer = tmp_path / "longer.yaml"
     longer.write_text("teachers:\n  e1: {max_tokens: 3072}\n")
     no_token = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}
     dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(longer), env=no_token)
     said = dry.stdout + dry.stderr
     assert dry.returncode != 0 and "fix first:" in said and "Job stats" not in said
-    refused = [
-        line.strip() for line in said.splitlines() if line.startswith("  models.") or line.startswith("  teachers.")
-    ]
-    assert len(refused) == 2, refused
+    refused = [line.strip() for line in said.splitlines() if re.match(r"  (models|teachers|data)\.", line)]
+    assert len(refused) == 4, refused
     assert refused[0].startswith("teachers.e1.max_tokens 3072 is above RL's answer cap of 2048 tokens")
-    assert refused[1].startswith("models.llama: meta-llama/Llama-3.2-1B-Instruct is gated on the hub and no hub token")
+    assert refused[1].startswith("data.strategyqa.hub_revision: ChilleD/StrategyQA is not pinned to a commit")
+    assert refused[2].startswith("data.mathqa.hub_revision: allenai/math_qa is not pinned to a commit")
+    assert refused[3].startswith("models.llama: meta-llama/Llama-3.2-1B-Instruct is gated on the hub and no hub token")
     assert "grid.seeds has 1 seed(s): the report will give no verdict" in said  # said, not refused
 
 
 def test_complementarity_of_three_single_expert_models_adds_their_sft_runs(tmp_path: Path) -> None:
     reading = tmp_path / "single.yaml"
     reading.write_text("analysis:\n  complementarity: {source: single_expert}\n")
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(reading), env=HUB_TOKEN)
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(PAPER_DATA_PINS), str(reading),
+               env=HUB_TOKEN)  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
     assert counts["sft"] == 2 * 3 * 4  # e0, e1, e2 and the MEF run e0-e1-e2, per model and data set
@@ -284,7 +289,8 @@ def test_whole_chain_seeds_train_their_own_base_and_sft_models(tmp_path: Path) -
     # the paper's hub models are never retrained: their SFT runs alone multiply with the seeds
     paper = tmp_path / "paper.yaml"
     paper.write_text("grid: {seeds: [0, 1], seeds_vary: [pretrain, sft, rl]}\n")
-    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(paper), env=HUB_TOKEN)
+    dry = _run(tmp_path, "-n", "--configfile", str(PROJECT / "config/paper.yaml"), str(PAPER_DATA_PINS), str(paper),
+               env=HUB_TOKEN)  # fmt: skip
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = _job_counts(dry.stdout)
     assert counts["sft"] == 2 * 2 * 3 * 2 and "tiny_model" not in counts and counts["rl"] == 2 * 2 * 3 * 7

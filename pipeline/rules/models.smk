@@ -12,6 +12,11 @@ GGUF_FOLDERS = {}
 for _m in USED_MODELS:
     if (_f := grid.gguf_folder(config, _m)) and _f not in GGUF_FOLDERS:
         GGUF_FOLDERS[_f] = _m
+# hub models pinned to a commit (data/hub_models.py): folder -> the first model entry naming it
+HUB_FOLDERS = {}
+for _m in USED_MODELS:
+    if (_f := grid.hub_folder(config, _m)) and _f not in HUB_FOLDERS:
+        HUB_FOLDERS[_f] = _m
 
 
 def folder_models(wildcards):
@@ -79,3 +84,22 @@ rule gguf_model:
         f"{LOGS}/gguf_models/{{folder}}.log",
     shell:
         "{params.env} {MEML} gguf-model --entry {params.entry} --key {params.key} --out {params.out} > {log} 2>&1"
+
+
+rule hub_model:
+    # A hub model at its pinned commit (models.<m>.revision), downloaded once; every stage starts
+    # from this folder, never from whatever the hub holds on the day a job starts.
+    output:
+        f"{RESULTS}/models/{{folder}}/config.json",
+    wildcard_constraints:
+        folder="|".join(re.escape(f) for f in HUB_FOLDERS) or "(?!)",
+    params:
+        source=lambda w: shlex.quote(str(config["models"][HUB_FOLDERS[w.folder]]["source"])),
+        revision=lambda w: config["models"][HUB_FOLDERS[w.folder]]["revision"],
+        key=lambda w: f"models.{HUB_FOLDERS[w.folder]}",
+        out=lambda w: f"{RESULTS}/models/{w.folder}",
+    log:
+        f"{LOGS}/hub_models/{{folder}}.log",
+    shell:
+        "{MEML} hub-model --source {params.source} --revision {params.revision} --key {params.key} --out {params.out:q} "
+        "> {log:q} 2>&1"

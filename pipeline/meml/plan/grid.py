@@ -184,10 +184,21 @@ def gguf_folder(cfg: dict[str, Any], model: str) -> str | None:
     return gguf_models.folder_name(gguf_models.parse(entry, f"models.{model}"))
 
 
+def hub_folder(cfg: dict[str, Any], model: str) -> str | None:
+    """The folder below results/<profile>/models/ of a hub model pinned to a commit (models.<m>.revision),
+    downloaded by the hub_model rule; None otherwise (an unpinned hub id is loaded by its id)."""
+    from meml.data import hub_models
+
+    entry = cfg["models"][model]
+    if not entry.get("revision") or not hub_models.is_hub_id(str(entry["source"])):
+        return None
+    return hub_models.folder_name(str(entry["source"]), str(entry["revision"]))
+
+
 def built_folder(cfg: dict[str, Any], model: str) -> str | None:
     """The folder below results/<profile>/models/ that a rule builds for this model (a tiny model,
-    or one converted from a GGUF file); None for a hub id or a folder given as is."""
-    return tiny_folder(cfg, model) or gguf_folder(cfg, model)
+    one converted from a GGUF file, a pinned hub model); None for an unpinned hub id or a folder."""
+    return tiny_folder(cfg, model) or gguf_folder(cfg, model) or hub_folder(cfg, model)
 
 
 def base_folder(cfg: dict[str, Any], model: str, seed: int | None = None) -> str | None:

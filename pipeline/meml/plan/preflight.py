@@ -79,7 +79,8 @@ def _models(cfg: dict[str, Any]) -> list[str]:
         else:
             cached = _hub_cached(source)
             bad = offline and not cached
-            out.append(f"{'MISSING' if bad else 'ok'}: models.{name}: {source} "
+            pinned = f" at {cfg['models'][name]['revision'][:12]}" if cfg["models"][name].get("revision") else ""
+            out.append(f"{'MISSING' if bad else 'ok'}: models.{name}: {source}{pinned} "
                        + ("in the local cache" if cached else "from the hub (network needed)")
                        + (", but HF_HUB_OFFLINE=1" if bad else ""))  # fmt: skip
     return out
@@ -142,6 +143,7 @@ def refusals(cfg: dict[str, Any]) -> list[str]:
                 f"expert's trajectories are longer (rl.max_truncated_share), after the API calls and SFT are paid "
                 f"for; set teachers.{name}.max_tokens to {cap} or less"
             )
+    out += _unpinned(cfg)
     for name in cfg["grid"].get("models") or list(cfg["models"]):
         entry = cfg["models"][name]
         source = str(entry["source"])
@@ -149,6 +151,27 @@ def refusals(cfg: dict[str, Any]) -> list[str]:
             out.append(
                 f"models.{name}: {source} is gated on the hub and no hub token is set (HF_TOKEN, or "
                 "`huggingface-cli login`); accept its licence on the hub and set one before the first job"
+            )
+    return out
+
+
+def _unpinned(cfg: dict[str, Any]) -> list[str]:
+    """A hub model or data set named without a commit: what its jobs load depends on the day each
+    starts (data/hub_models.py)."""
+    from meml.data.hub_models import COMMIT, is_hub_id
+
+    fix = "`python -m meml.cli pin --config <this config>` prints the hub's current commits"
+    out = []
+    for name in cfg["grid"].get("models") or list(cfg["models"]):
+        entry = cfg["models"][name]
+        if is_hub_id(str(entry["source"])) and not COMMIT.match(str(entry.get("revision") or "")):
+            out.append(f"models.{name}.revision: {entry['source']} is not pinned to a hub commit; {fix}")
+    for ds in cfg["grid"]["datasets"]:
+        entry = cfg["data"].get(ds) or {}
+        if not entry.get("local") and not COMMIT.match(str(entry.get("hub_revision") or "")):
+            branch = entry.get("hub_revision") or "main"
+            out.append(
+                f"data.{ds}.hub_revision: {entry.get('hub_id')} is not pinned to a commit ({branch} moves); {fix}"
             )
     return out
 
