@@ -9,7 +9,8 @@
     each paper model on the meta device (what the paper config's dry run prints); the tokenizer has
     the architecture's vocabulary (151,936 ids on a GPU, 4,096 on a CPU), so every id the random
     model samples decodes, as with a real model's tokenizer;
-(b) where vLLM is importable (its GPU build, or its CPU build with --cpu): on the same weights,
+(b) where vLLM is importable (its GPU build, or its CPU build with --cpu; each engine closed before
+    the next check starts): on the same weights,
     vLLM and the learner score the same tokens (the HF engine's greedy completions) within the
     sync check's tolerance for the precision (greedy agreement is reported beside it);
     after an optimiser step and a weight sync every weight arrived (VLLMEngine.verify) and vLLM's
@@ -159,6 +160,7 @@ def vllm_checks(model_dir: Path, world: Path, cfg: dict[str, Any]) -> dict[str, 
     out = engine.generate(prompts[: int(cfg["rl"]["questions_per_step"])], 8, sampling)
     seconds = time.time() - started
     tokens = sum(len(c.token_ids) for g in out for c in g)
+    engine.close()  # its weights and KV cache given back before whatever runs next in this process
     return {
         "start_seconds": round(start_seconds, 1),
         "greedy_agreement": round(agree, 3),
