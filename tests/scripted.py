@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,33 @@ def train(
     progress: bool = False,
 ) -> dict[str, Any]:
     """run_rl with the `rl` section as a config's dict (read into RLSettings here, as the job does)
-    and the four folders in order."""
+    and the four folders in order. `stop_after` k: a Ctrl-C as step k + 1 starts its rollouts
+    (`stopped_after`), after step k's metrics and any checkpoint it was due."""
     from meml.training.rl import RLArgs, RLPaths, RLSettings, run_rl
 
     args = RLArgs(RLSettings.from_config(settings), method, seed, precision=precision, params=params or {})
-    return run_rl(args, RLPaths(model, data, experts, out), engine=engine, stop_after=stop_after, progress=progress)
+    with stopped_after(stop_after):
+        return run_rl(args, RLPaths(model, data, experts, out), engine=engine, progress=progress)
+
+
+@contextlib.contextmanager
+def stopped_after(steps: int | None) -> Iterator[None]:
+    """Within: an RL run raises KeyboardInterrupt when it starts sampling step `steps` + 1 (None: never)."""
+    from meml.training import rl
+
+    if steps is None:
+        yield
+        return
+    original, started = rl.sample_groups, [0]
+
+    def sample_or_stop(*args: Any, **kwargs: Any) -> Any:
+        started[0] += 1
+        if started[0] > steps:
+            raise KeyboardInterrupt(f"stopped after step {steps} (simulated kill)")
+        return original(*args, **kwargs)
+
+    rl.sample_groups = sample_or_stop
+    try:
+        yield
+    finally:
+        rl.sample_groups = original

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -160,21 +161,32 @@ def test_sft_trains_on_assistant_tokens_with_expert_prompts(small_world: Path, s
 @pytest.mark.parametrize(
     "name", ["Expert1-SFT-GRPO", "Expert1-SFT-Dr.GRPO", "MoE-SFT-GRPO", "MoE-SFT-Dr.GRPO", "MEML-GRPO"]
 )
-def test_every_method_runs_end_to_end(name: str, small_world: Path, sft_model: Path, tmp_path: Path) -> None:
+def test_every_method_runs_end_to_end_with_its_switches(
+    name: str, small_world: Path, sft_model: Path, tmp_path: Path
+) -> None:
+    """Each method's switches show in what its steps did: its experts' rewards only, IML pairs and
+    buffer insertions only where switched on, and the logged total the weighted sum at the config's
+    lambdas (the gradient itself is held to the formula in tests/test_update.py). The rollouts are
+    scripted (expert 1 right, the others wrong), so that pairs and failures exist to be seen."""
     method = Method.from_config(name, METHODS[name])
-    summary = train(
-        tiny_settings(),
-        method,
-        sft_model,
-        small_world / "data/gsm8k",
-        small_world / "experts/gsm8k",
-        tmp_path,
-        progress=False,
-    )
+    settings = tiny_settings(lambda_iml=0.3, lambda_sft=0.7)
+    data = small_world / "data/gsm8k"
+    engine = scripted_engine(sft_model, data)
+    summary = train(settings, method, sft_model, data, small_world / "experts/gsm8k", tmp_path, engine=engine)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and summary["steps"] == 2
-    expected = {f"reward/expert{k}" for k in METHODS[name]["rl_experts"]}
-    assert expected <= set(lines[0]) and all(torch.isfinite(torch.tensor(m["loss/total"])) for m in lines)
+    experts = {f"reward/expert{k}" for k in METHODS[name]["rl_experts"]}
+    assert {k for k in lines[0] if re.fullmatch(r"reward/expert\d", k)} == experts
+    for m in lines:
+        assert m["loss/total"] == pytest.approx(m["loss/policy"] + 0.3 * m["loss/iml"] + 0.7 * m["loss/sft"], abs=1e-6)
+    if not method.iml:
+        assert all(m["iml/pairs"] == 0 and m["loss/iml"] == 0 for m in lines)
+    else:  # expert 1 right, the others wrong: a pair on every question, and its loss
+        assert all(m["iml/pairs"] == 2 and m["loss/iml"] != 0 for m in lines)
+    if not method.hsft:
+        assert all(m["hsft/inserted"] == 0 and m["loss/sft"] == 0 for m in lines)
+    else:  # experts 0 and 2 fail: the buffer takes their questions, and a full one (capacity 2) is drained
+        assert sum(m["hsft/inserted"] for m in lines) > 0 and any(m["hsft/sft_examples"] > 0 for m in lines)
 
 
 def _metrics_without_timings(path: Path) -> list[dict[str, float]]:
@@ -421,11 +433,30 @@ def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp
     assert json.loads((tmp_path / "iml/metrics.jsonl").read_text())["iml/pairs"] > 0
 
 
-def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
+def test_every_rl_setting_comes_from_its_own_key_and_a_missing_key_is_named() -> None:
+    """Each field of RLSettings takes the value of the config key of its name, converted to its type:
+    changing one key changes that field alone. A missing key is named (rl.keep_checkpoints alone has
+    a default, see its comment)."""
+    import dataclasses
+
     from meml.training.rl import RLSettings
 
-    s = RLSettings.from_config(CONFIG["rl"])
-    assert (s.steps, s.group_size, s.buffer.capacity, s.epochs) == (3, 8, 8, None)
+    base = RLSettings.from_config(CONFIG["rl"])
+    assert (base.steps, base.group_size, base.buffer.capacity, base.epochs) == (3, 8, 8, None)
+    nested = {"buffer", "vllm"}
+    for key in [f.name for f in dataclasses.fields(RLSettings) if f.name not in nested]:
+        changed = json.loads(json.dumps(CONFIG["rl"]))
+        old = changed.get(key, True)
+        if isinstance(old, bool):
+            changed[key] = not old
+        elif isinstance(old, str):
+            changed[key] = f"{old}-other"
+        else:  # a number, or None (epochs)
+            changed[key] = 2.5 if old is None else old * 2 + 1
+        differs = {f.name for f in dataclasses.fields(RLSettings)
+                   if getattr(RLSettings.from_config(changed), f.name) != getattr(base, f.name)}  # fmt: skip
+        assert differs == {key}, f"rl.{key} changed {differs}"
+    assert isinstance(base.lr, float) and isinstance(base.steps, int) and isinstance(base.buffer.sft_lr, float)
     partial = json.loads(json.dumps(CONFIG["rl"]))
     del partial["warmup_steps"]
     with pytest.raises(DataError, match=r"missing RL setting rl\.warmup_steps"):
@@ -434,6 +465,9 @@ def test_rl_settings_are_read_once_and_a_missing_key_is_named() -> None:
     partial["warmup_steps"] = 0
     with pytest.raises(DataError, match=r"rl\.buffer\.sft_lr"):
         RLSettings.from_config(partial)
+    del partial["keep_checkpoints"]
+    partial["buffer"]["sft_lr"] = 1e-3
+    assert RLSettings.from_config(partial).keep_checkpoints is True
 
 
 def test_a_run_closes_the_engine_it_started_and_not_one_it_was_given(

@@ -67,7 +67,7 @@ def _ids(text: str) -> list[int]:
 
 
 def cmd_toy_world(args: argparse.Namespace) -> None:
-    from meml.data import jobs
+    from meml.jobs import data as jobs
 
     for summary in jobs.toy_world(_config(args), args.out, args.seed):
         print(f"{summary['dataset']}: {summary['train']} train / {summary['test']} test -> {args.out}")
@@ -85,7 +85,7 @@ def cmd_toy_stats(args: argparse.Namespace) -> None:
 
 
 def cmd_tiny_models(args: argparse.Namespace) -> None:
-    from meml.data import jobs
+    from meml.jobs import data as jobs
     from meml.plan.grid import stage_seed, varies
 
     cfg = _config(args)
@@ -120,7 +120,7 @@ def cmd_pin(args: argparse.Namespace) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from meml.data import jobs
+    from meml.jobs import data as jobs
 
     for split, records in jobs.prepare(_config(args), args.dataset, args.out, args.local).items():
         print(f"{args.dataset} {split}: {len(records)} records")
@@ -134,7 +134,7 @@ def cmd_gold_expert(args: argparse.Namespace) -> None:
 
 
 def cmd_teach(args: argparse.Namespace) -> None:
-    from meml.data import jobs
+    from meml.jobs import data as jobs
 
     cfg = _config(args)
     root = Layout.of(cfg, args.results).world("real")  # teachers serve the real world only
@@ -165,8 +165,8 @@ def cmd_agreement(args: argparse.Namespace) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
+    from meml.jobs import training as jobs
     from meml.plan.grid import sft_variant
-    from meml.training import jobs
 
     cfg = _config(args)
     experts = _ids(args.experts) if args.experts else list(jobs.method_of(cfg, args.method).sft_experts)
@@ -184,7 +184,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from meml.evaluation import jobs
+    from meml.jobs import evaluation as jobs
 
     cfg = _config(args)
     result = jobs.calibrate(
@@ -194,8 +194,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_rl(args: argparse.Namespace) -> None:
+    from meml.jobs import training as jobs
     from meml.plan.grid import Cell
-    from meml.training import jobs
 
     cell = Cell(args.model, args.dataset, args.method, args.seed)
     summary, out = jobs.rl(_config(args), cell, results=args.results, sft_dir=args.sft_dir, out=args.out)
@@ -204,7 +204,7 @@ def cmd_rl(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from meml.evaluation import jobs
+    from meml.jobs import evaluation as jobs
 
     report = jobs.evaluate(
         _config(args),
@@ -230,7 +230,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_complementarity(args: argparse.Namespace) -> None:
-    from meml.evaluation import jobs
+    from meml.jobs import evaluation as jobs
 
     stats = jobs.complementarity(
         _config(args),
@@ -269,7 +269,16 @@ def cmd_cost(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     measured = Layout.of(cfg, args.results).root / "cost_throughput.json"
-    text = cost.report(cfg, measured, args.measure, args.steps)
+    if args.measure:
+        import tempfile
+
+        from meml.plan.grid import models
+        from meml.training.probe import measure_throughput
+
+        with tempfile.TemporaryDirectory() as work:
+            found = measure_throughput(cfg, models(cfg), Path(work), args.steps)
+        cost.save_measured(measured, {model: cost.Throughput(**t) for model, t in found.items()})
+    text = cost.report(cfg, measured)
     if args.slurm:  # the runtimes to give each rule in a SLURM profile (profiles/slurm holds the paper's)
         minutes = cost.slurm_runtimes(cfg, cost.throughputs(cfg, measured))
         text = "\n".join(

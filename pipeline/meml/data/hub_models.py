@@ -61,7 +61,9 @@ def download(
     if (out / "HUB.json").is_file():
         return out
     if snapshot is None:
-        from huggingface_hub import snapshot_download as snapshot
+        from huggingface_hub import snapshot_download
+
+        snapshot = snapshot_download
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

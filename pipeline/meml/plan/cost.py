@@ -15,7 +15,8 @@ Work, counted from the config (tokens are the unit):
                     x fill x max_tokens, at a request's tokens per second, `concurrency` at once
 Time = generated / generation tokens per second + trained / training tokens per second, with the
 throughputs measured on this machine by a few RL steps on a random-weight model of the same
-architecture (`meml cost --measure`, probe.py), or the assumed H100 figures below.
+architecture (`meml cost --measure`: training/probe.py's measure_throughput, saved by
+save_measured), or the assumed H100 figures below.
 This module imports no torch: the Snakefile prints the estimate on every (dry) run.
 """
 
@@ -265,50 +266,9 @@ def throughputs(cfg: dict[str, Any], measured: Path | None = None) -> dict[str, 
     return {m: assumed_h100(str(cfg["models"][m]["source"]), engine) for m in models(cfg)}
 
 
-def measure(cfg: dict[str, Any], work: Path, steps: int = 3) -> dict[str, Throughput]:
-    """Throughputs from `steps` MoE-SFT-GRPO steps per grid model (the first one is warm-up), on a
-    random-weight model of its architecture, at the config's RL settings and lengths. (GRPO's
-    plain passes: the estimate adds IML's and the reference model's on top.)"""
-    import platform
-
-    from meml.plan.grid import models
-    from meml.training.probe import architecture, build_probe, timed_steps
-
-    out: dict[str, Throughput] = {}
-    for model in models(cfg):
-        world, model_dir = build_probe(work / model, architecture(cfg, model), cfg["seed"])
-        run = timed_steps(cfg, "MoE-SFT-GRPO", world, model_dir, work / model / "rl", steps)
-        m = run["mean"]
-        rollouts = m["rollouts/sampled"]
-        generated = rollouts * m["completion/length_mean"]
-        trained = rollouts * (m["prompt/length_mean"] + m["completion/length_mean"])
-        training_seconds = max(m["perf/step_seconds"] - m["perf/rollout_seconds"], 1e-9)
-        where = _device_name(cfg["device"]) or platform.processor() or "this machine"
-        out[model] = Throughput(
-            f"measured on {where} ({steps} MoE-SFT-GRPO steps, random weights)",
-            generated / m["perf/rollout_seconds"],
-            trained / training_seconds,
-            [f"mean completion {m['completion/length_mean']:.0f} tokens, prompt {m['prompt/length_mean']:.0f}"],
-        )
-    return out
-
-
-def _device_name(device: str) -> str | None:
-    if device != "cuda":
-        return None
-    import torch
-
-    return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
-
-
-def report(cfg: dict[str, Any], measured: Path, remeasure: bool = False, steps: int = 3) -> str:
-    """`meml cost`: the table of GPU-hours per cell, from the throughput measured here before (kept
-    in `measured`), measured now (`remeasure`: `steps` RL steps per model), or assumed."""
-    import tempfile
-
-    if remeasure:
-        with tempfile.TemporaryDirectory() as work:
-            save_measured(measured, measure(cfg, Path(work), steps))
+def report(cfg: dict[str, Any], measured: Path) -> str:
+    """`meml cost`: the table of GPU-hours per cell, from the throughputs measured here (kept in
+    `measured` by `meml cost --measure`: training/probe.py's measure_throughput), or assumed."""
     speeds = throughputs(cfg, measured)
     return table(estimate(cfg, speeds), speeds)
 

@@ -125,3 +125,38 @@ def timed_steps(
     mean = {k: statistics.fmean(r[k] for r in timed) for k in timed[0] if isinstance(timed[0][k], float)}
     peak = torch.cuda.max_memory_allocated() / 2**30 if precision.device == "cuda" else None
     return {"rows": rows, "mean": mean, "seconds": time.time() - started, "peak_gib": peak}
+
+
+def measure_throughput(cfg: dict[str, Any], models: list[str], work: Path, steps: int = 3) -> dict[str, dict[str, Any]]:
+    """Per model named (the grid's), from `steps` MoE-SFT-GRPO steps (the first one warm-up) on a random-weight model
+    of its architecture at the config's RL settings and lengths: where it was measured (`source`),
+    sampled tokens a second (`generate`), trained tokens a second (`train`), and `notes`. (GRPO's
+    plain passes: the estimate, plan/cost.py, adds IML's and the reference model's on top.)"""
+    import platform
+
+    out: dict[str, dict[str, Any]] = {}
+    for model in models:
+        world, model_dir = build_probe(work / model, architecture(cfg, model), cfg["seed"])
+        m = timed_steps(cfg, "MoE-SFT-GRPO", world, model_dir, work / model / "rl", steps)["mean"]
+        rollouts = m["rollouts/sampled"]
+        generated = rollouts * m["completion/length_mean"]
+        trained = rollouts * (m["prompt/length_mean"] + m["completion/length_mean"])
+        training_seconds = max(m["perf/step_seconds"] - m["perf/rollout_seconds"], 1e-9)
+        where = _device_name(cfg["device"]) or platform.processor() or "this machine"
+        out[model] = {
+            "source": f"measured on {where} ({steps} MoE-SFT-GRPO steps, random weights)",
+            "generate": generated / m["perf/rollout_seconds"],
+            "train": trained / training_seconds,
+            "notes": [
+                f"mean completion {m['completion/length_mean']:.0f} tokens, prompt {m['prompt/length_mean']:.0f}"
+            ],
+        }
+    return out
+
+
+def _device_name(device: str) -> str | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None

@@ -79,97 +79,86 @@ __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
 
 # ---------------------------------------------------------------------------------------------------
-# Settings: every key read once, here (the defaults live in config/default.yaml alone, so a missing
-# key is an error that names it; the one exception, rl.keep_checkpoints, says why). No raw settings
-# dict goes past these types.
+# Settings: every key read once, here, into typed fields (the defaults live in config/default.yaml
+# alone, so a missing key is an error that names it; the one exception, rl.keep_checkpoints, says
+# why). No raw settings dict goes past these types.
+
+
+def _read(cls: type, section: dict[str, Any], where: str) -> Any:
+    """`cls` (a dataclass) from its config section: each field from the key of its name, converted
+    to the field's type; a key missing is an error naming it, unless the field has a default."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key in dataclasses.fields(cls):
+        name = key.name
+        if name not in section:
+            if key.default is not dataclasses.MISSING:
+                continue
+            raise DataError(f"missing RL setting {where}.{name} (config/default.yaml has every key)")
+        value, kind = section[name], hints[name]
+        if hasattr(kind, "from_config"):  # a nested section with its own reader (rl.vllm)
+            values[name] = kind.from_config(value or {})
+        elif isinstance(kind, type) and dataclasses.is_dataclass(kind):  # a nested section (rl.buffer)
+            if not isinstance(value, dict):
+                raise DataError(f"missing RL setting {where}.{name} (config/default.yaml has every key)")
+            values[name] = _read(kind, value, f"{where}.{name}")
+        else:  # int, float, str, bool, or one of them | None
+            base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            values[name] = None if value is None else base(value)
+    return cls(**values)
 
 
 @dataclass(frozen=True)
 class BufferSettings:
+    """rl.buffer: HSFT's hard-example buffer."""
+
     capacity: int  # B: a flush (an SFT update) when this many hard examples are held
     threshold: float  # K/G: an expert failing more than this share of its rollouts offers the question
     insert_prob: float  # the chance an offered question goes in
     solution: str  # ground_truth | expert_trajectory: what the SFT update learns
     update: str  # joint (lambda_sft * L_SFT joins the RL loss) | separate (its own step at sft_lr)
-    sft_lr: float
+    sft_lr: float  # the separate SFT step's learning rate
 
 
 @dataclass(frozen=True)
 class RLSettings:
     """`rl`, with the data set's `rl_by_dataset` entry and the method's own `rl` laid over it
-    (core/config.method_rl)."""
+    (core/config.method_rl). config/schema.yaml describes each key; here, what the loop does with it."""
 
-    steps: int
+    steps: int  # RL steps (optimiser steps x updates_per_batch), unless epochs is set
     epochs: float | None  # passes over the training questions; None: `steps`
     questions_per_step: int  # Q
     group_size: int  # G rollouts per question, spread over the experts
     spread: str  # split: G shared among the experts; per_expert: G each
-    lr: float
-    warmup_steps: int
-    updates_per_batch: int
-    clip_eps: float
+    lr: float  # AdamW's learning rate of the policy
+    warmup_steps: int  # linear warm-up of lr over this many RL steps
+    updates_per_batch: int  # optimiser steps on one batch of rollouts (> 1: the clipped ratio acts)
+    clip_eps: float  # the PPO clip of the ratio, [1 - clip_eps, 1 + clip_eps]
     beta: float  # KL to the reference model (0: none loaded)
-    max_grad_norm: float
-    max_new_tokens: int
-    max_truncated_share: float
-    temperature: float
-    top_p: float
-    lambda_iml: float
-    lambda_sft: float
-    checkpoint_every: int
-    keep_checkpoints: bool  # False: the last checkpoint goes once DONE is written
-    rollout_batch_size: int
+    max_grad_norm: float  # gradient clipping of the whole update
+    max_new_tokens: int  # the rollouts' token cap; an answer cut there scores 0
+    max_truncated_share: float  # refuse to start when more of an expert's SFT trajectories exceed the cap
+    temperature: float  # sampling temperature, and the one the learner scores the tokens at
+    top_p: float  # nucleus sampling of the rollouts
+    lambda_iml: float  # weight of L_IML in the step's loss
+    lambda_sft: float  # weight of L_SFT (HSFT's drained buffer) in the step's loss
+    checkpoint_every: int  # RL steps between checkpoints (and one at the end)
+    rollout_batch_size: int  # sequences the rollout engine decodes at once
     micro_batch_tokens: int  # the update's micro-batch: at most this many prompt + completion tokens
-    engine: str
-    buffer: BufferSettings
+    engine: str  # the rollout engine: kv, hf, hf-copy, vllm (training/engines.py)
+    buffer: BufferSettings  # rl.buffer
     vllm: VLLMSettings  # rl.vllm: the vLLM engine's settings
+    # False: the last checkpoint goes once DONE is written. Absent from a job's config when true (the
+    # default): cli_config leaves it out, so that the key's arrival reran no finished cell
+    keep_checkpoints: bool = True
 
     @classmethod
     def from_config(cls, rl: dict[str, Any]) -> RLSettings:
-        def get(section: dict[str, Any], key: str, kind: type, where: str = "rl") -> Any:
-            if key not in section:
-                raise DataError(f"missing RL setting {where}.{key} (config/default.yaml has every key)")
-            value = section[key]
-            return None if value is None else kind(value)
-
-        buffer = rl.get("buffer")
-        if not isinstance(buffer, dict):
-            raise DataError("missing RL setting rl.buffer (config/default.yaml has every key)")
-        return cls(
-            steps=get(rl, "steps", int),
-            epochs=get(rl, "epochs", float),
-            questions_per_step=get(rl, "questions_per_step", int),
-            group_size=get(rl, "group_size", int),
-            spread=get(rl, "spread", str),
-            lr=get(rl, "lr", float),
-            warmup_steps=get(rl, "warmup_steps", int),
-            updates_per_batch=get(rl, "updates_per_batch", int),
-            clip_eps=get(rl, "clip_eps", float),
-            beta=get(rl, "beta", float),
-            max_grad_norm=get(rl, "max_grad_norm", float),
-            max_new_tokens=get(rl, "max_new_tokens", int),
-            max_truncated_share=get(rl, "max_truncated_share", float),
-            temperature=get(rl, "temperature", float),
-            top_p=get(rl, "top_p", float),
-            lambda_iml=get(rl, "lambda_iml", float),
-            lambda_sft=get(rl, "lambda_sft", float),
-            checkpoint_every=get(rl, "checkpoint_every", int),
-            # absent from a job's config when true (the default): cli_config leaves it out, so that
-            # the key's arrival reran no finished cell
-            keep_checkpoints=bool(rl.get("keep_checkpoints", True)),
-            rollout_batch_size=get(rl, "rollout_batch_size", int),
-            micro_batch_tokens=get(rl, "micro_batch_tokens", int),
-            engine=get(rl, "engine", str),
-            vllm=VLLMSettings.from_config(rl.get("vllm") or {}),
-            buffer=BufferSettings(
-                capacity=get(buffer, "capacity", int, "rl.buffer"),
-                threshold=get(buffer, "threshold", float, "rl.buffer"),
-                insert_prob=get(buffer, "insert_prob", float, "rl.buffer"),
-                solution=get(buffer, "solution", str, "rl.buffer"),
-                update=get(buffer, "update", str, "rl.buffer"),
-                sft_lr=get(buffer, "sft_lr", float, "rl.buffer"),
-            ),
-        )
+        settings: RLSettings = _read(cls, rl, "rl")
+        return settings
 
     @property
     def sampling(self) -> Sampling:
@@ -210,7 +199,7 @@ class Method:
 
 @dataclass(frozen=True)
 class RLArgs:
-    """What one RL run is, apart from where it reads and writes (training/jobs.py builds it from
+    """What one RL run is, apart from where it reads and writes (jobs/training.py builds it from
     the config and the cell)."""
 
     settings: RLSettings
@@ -356,12 +345,12 @@ def run_rl(
     tracking: RunTracking | None = None,
     *,
     engine: RolloutEngine | None = None,
-    stop_after: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train `paths.model` with RL; writes paths.out/{cell.json, metrics.jsonl, model/, DONE}.
     `tracking`: the MLflow run the metrics go to as well (None: metrics.jsonl only); `engine`: a
-    rollout engine to use instead of rl.engine's (tests); `stop_after` simulates a kill (tests).
+    rollout engine to use instead of rl.engine's (tests). Stopped by Ctrl-C, the run's MLflow run
+    is marked KILLED; the next start resumes it.
 
     Resumes from the newest checkpoint that verifies, but only when `args.params` are unchanged:
     otherwise the old files belong to another experiment and are moved into out/previous/ once the
@@ -381,6 +370,7 @@ def run_rl(
 
     # load and check everything that can fail, then start (or resume) in the folder
     run = load(args, paths, precision, dist, engine)
+    tracker = None
     try:
         rl_run.start(out, args.params, run.steps, tracking.mlflow, dist)
         first = rl_run.resume(out, run.checkpointed(), args.seed, dist)
@@ -390,7 +380,6 @@ def run_rl(
         run.engine.sync_weights(policy)
         check_synced(run.engine, policy)
         environment = environment_record(paths.model, precision.device)  # DONE and MLflow params
-        tracker = None
         if dist.is_main:
             logged = {**tracking.params, "environment": environment}
             tracker = Tracker(out, tracking.key, logged, tracking.mlflow, first, tags=tracking.tags)
@@ -428,10 +417,6 @@ def run_rl(
             done_steps = step + 1
             if done_steps % s.checkpoint_every == 0 or done_steps == run.steps:
                 rl_run.save(out, done_steps, run.checkpointed(), dist, tracker)
-            if stop_after is not None and done_steps >= stop_after and done_steps < run.steps:
-                if tracker is not None:
-                    tracker.close("KILLED")
-                raise KeyboardInterrupt(f"stopped after step {done_steps} (simulated kill)")
 
         summary = {
             "method": method.name,
@@ -441,6 +426,10 @@ def run_rl(
             "trajectories_over_max_new_tokens": run.over_cap,
         }
         return rl_run.finish(out, run.tokenizer, policy, summary, environment, dist, tracker, s.keep_checkpoints)
+    except KeyboardInterrupt:
+        if tracker is not None:
+            tracker.close("KILLED")
+        raise
     finally:
         if engine is None:  # the engine this run started: its memory goes back (a next run may start one)
             close = getattr(run.engine, "close", None)
