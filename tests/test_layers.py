@@ -139,6 +139,7 @@ def test_the_planner_loads_without_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, meml.plan.grid, meml.plan.cost, meml.plan.targets; assert 'torch' not in sys.modules"
+    modules = "meml.plan.grid, meml.plan.cost, meml.plan.targets, meml.plan.checks, meml.lifecycle"
+    code = f"import sys, {modules}; assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(PACKAGE.parent)}, timeout=120)
     assert done.returncode == 0

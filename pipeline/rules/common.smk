@@ -7,36 +7,21 @@ import os
 import re
 import shlex
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
+from meml import lifecycle  # noqa: E402
 from meml.core.config import DEFAULT_CONFIG, load_yaml  # noqa: E402
-from meml.core.config import validate as with_defaults  # noqa: E402
-from meml.core.io import DataError  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
-from meml.plan import grid  # noqa: E402
+from meml.plan import checks, grid  # noqa: E402
 
-# config/schema.yaml checks the config and fills its defaults, inside named entries too
-# (models.<m>.tokenizer): the CLI's own check, which errs naming the key. It stands in for
-# snakemake.utils.validate, which checks the same schema 0.3 s slower (a quarter of a no-op rerun).
+# The config checked (its defaults filled in), a target naming what the config lacks refused, and a
+# real or GPU run's needs, cost and refusals said: plan/checks.py, before anything else.
 try:
-    config.update(with_defaults(config))
-    N_EXPERTS = len(prompts_of(config))
-    grid.check(config, N_EXPERTS)
-except DataError as err:
-    raise ValueError(str(err) if "invalid config" in str(err) else f"invalid config: {err}") from None
-# A target (or --forcerun) naming a model, data set, method or seed this config lacks: one line
-# that names it and the valid values, before any job (Snakemake would say "No rule to produce").
-# Snakemake hands the Snakefile no targets while it is parsed, so the command line's results/
-# paths are read from it.
-if workflow.is_main_process:
-    from meml.plan import targets  # noqa: E402
-
-    try:
-        targets.check(config, targets.named_on(sys.argv[1:]))
-    except DataError as err:
-        raise ValueError(str(err)) from None
+    checks.at_parse(config, sys.argv[1:], main_process=workflow.is_main_process, dry_run=workflow.dryrun)
+except ValueError as err:  # said once, without the frames of the checks
+    raise ValueError(str(err)) from None
+N_EXPERTS = len(prompts_of(config))
 
 PROFILE = config["profile"]
 WORLD = config["world"]
@@ -69,7 +54,7 @@ ON_GPUS = f"{shlex.quote(sys.executable)} -m meml.core.gpus {GPU * PROCESSES}" i
 OFFLINE = {"HF_HUB_OFFLINE": "1"} if WORLD == "toy" else {}  # the toy world never touches the network
 # A line per finished cell (pipeline/meml/progress.py): jobs done of total, time left, accuracy.
 PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
-PROGRESS_STATE = Path(RESULTS) / ".progress.json"
+PROGRESS_STATE = lifecycle.progress_file(config)
 
 
 def job_env(wildcards, threads):
@@ -113,17 +98,6 @@ def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=
     if "rl" in chosen and (not checkpoints or chosen["rl"].get("keep_checkpoints", True)):
         chosen["rl"] = {k: v for k, v in chosen["rl"].items() if k != "keep_checkpoints"}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
-
-
-# The other runs of this study the report pools (report.replicates, less this run's own profile):
-# those on disk now. `make study` runs the study, then its replica, then this DAG again, whose
-# report then pools the replica (a new input: Snakemake reruns the report alone). A replicate counts
-# once every one of its evaluations is there: one run in part is left out, not waited for.
-REPLICATES = [
-    name
-    for name in config["report"]["replicates"]
-    if name != config["profile"] and all(Path("results", name, "eval", f"{c.path}.json").is_file() for c in CELLS)
-]
 
 
 # The RL job's sections: rl_by_dataset too where the config's differs from the default's (a job's
@@ -200,35 +174,9 @@ def project_file(path):
     return path if Path(path).is_absolute() or Path(path).is_file() else str(Path(workflow.basedir) / path)
 
 
-def calibration_failures():
-    """The gate's messages, printed when the workflow stops (they are also in the jobs' logs)."""
-    found = [*Path(RESULTS, "calibration").glob("*/*/*.failed"), *Path(RESULTS, "calibration").glob("*/*/*/*.failed")]
-    return [p.read_text(encoding="utf-8") for p in sorted(found)]
-
-
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
     ds="gsm8k|strategyqa|mathqa",
     method="|".join(re.escape(m) for m in config["methods"]),
     variant=r"e\d+(-e\d+)*(/seed\d+)?",
     seed=r"\d+",
-
-
-# Say what the run will need and what the grid will cost before anything runs (also on -n), and
-# again at the very end of a dry run (its job list runs to hundreds of lines); not inside each job.
-if (config["device"] == "cuda" or config["world"] == "real") and workflow.is_main_process:
-    import atexit  # noqa: E402
-
-    from meml.plan import preflight  # noqa: E402
-    from meml.plan import cost  # noqa: E402
-
-    _estimate = cost.headlines_both_engines(config, Path(RESULTS) / "cost_throughput.json")
-    _memory, _too_big = preflight.update_memory(config)
-    _PREFLIGHT = preflight.block(config, [*_memory, *_estimate] if config["device"] == "cuda" else [])
-    print(_PREFLIGHT, file=sys.stderr)
-    # before any job, the dry run too: each of these would fail or waste the run after money is spent
-    _REFUSED = [*_too_big, *preflight.refusals(config)]
-    if _REFUSED:
-        raise ValueError("this run would fail after money is spent; fix first:\n  " + "\n  ".join(_REFUSED))
-    if workflow.dryrun:
-        atexit.register(lambda: print("\n" + _PREFLIGHT, file=sys.stderr))

@@ -2,6 +2,12 @@
 # from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
 # the outputs marked report() below, with their captions from pipeline/report/.
 
+from meml.plan.layout import replicate_eval, replicates_on_disk  # noqa: E402
+
+# The other runs of this study the report pools: those whose every evaluation is on disk now
+# (report.replicates; plan/layout.py says how a replicate counts).
+REPLICATES = replicates_on_disk(config, CELLS)
+
 TABLES = (
     ["main", "ablation", "majority_vote", "complementarity", "sparsity", "calibration"]
     + (["teachers"] if WORLD == "real" else [])
@@ -27,7 +33,7 @@ rule report:
         calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
         # the replicates' evaluations (report.replicates, those on disk: REPLICATES): runs of their own
         # profile; no rule here writes them, so a replicate run only in part stops the report with a path
-        replicates=[f"results/{name}/eval/{c.path}.json" for name in REPLICATES for c in CELLS],
+        replicates=[str(replicate_eval(name, c)) for name in REPLICATES for c in CELLS],
         # the runs of this grid whose seeds retrain less (report.stages), made the same way
         stages=[
             f"results/{name}/{kind}"

@@ -98,3 +98,20 @@ def default_data_root(world: str) -> str:
     """The prepared data an lm-eval task reads when no data_root is passed: the default profile of
     each world (toy, and paper for the real world)."""
     return str(Layout(RESULTS / ("toy" if world == "toy" else "paper")).data_root(world))
+
+
+def replicates_on_disk(cfg: dict[str, Any], cells: list[Cell]) -> list[str]:
+    """The other runs of this study the report pools (report.replicates, less this run's own profile):
+    those on disk now. A replicate counts once every one of its evaluations is there: one run in part
+    is left out, not waited for. (`make study` runs the study, then its replica, then the study's DAG
+    again, whose report then pools the replica: a new input, so Snakemake reruns the report alone.)"""
+    return [
+        name
+        for name in cfg["report"]["replicates"]
+        if name != cfg["profile"] and all(replicate_eval(name, c).is_file() for c in cells)
+    ]
+
+
+def replicate_eval(profile: str, cell: Cell) -> Path:
+    """A cell's evaluation in another run (profile) of the same study."""
+    return RESULTS / profile / "eval" / f"{cell.path}.json"

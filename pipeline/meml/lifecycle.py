@@ -1,0 +1,92 @@
+"""A workflow run's start and end, as the Snakefile's onstart, onsuccess and onerror call them.
+
+    start(workflow, config)    the progress file; the warm worker (worker.py) on a local run, or the
+                               SLURM plugin's patch on a cluster (cluster.py); GPU records
+    finish(workflow, config)   the worker stopped; report/<profile>/run.json; the closing message
+    failed(workflow, config)   the worker stopped; run.json (a failed part still cost what it cost);
+                               the calibration gate's messages
+
+Jobs run without the worker on a cluster (`workflow.non_local_exec`): they start on other nodes,
+which cannot reach this machine's socket, and on this one the worker would run them outside the
+scheduler's control; `meml.run` falls back to a fresh process when MEML_WORKER is unset.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from meml import worker
+from meml.plan.layout import Layout
+
+_WORKER: dict[str, Any] = {}  # the worker process this run started, while it runs
+
+
+def progress_file(config: dict[str, Any]) -> Path:
+    """Where the run's start time and job counts live for `meml.progress` (a line per finished cell)."""
+    return Layout.of(config).root / ".progress.json"
+
+
+def start(workflow: Any, config: dict[str, Any], gpus: int) -> None:
+    """Snakefile's onstart. `gpus`: GPUs a job takes (0 on a CPU, MEML_SIMULATE_GPUS counts)."""
+    layout = Layout.of(config)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    # `all` has no output, so no job record: it is never counted as done, nor as left
+    rules = collections.Counter(job.rule.name for job in workflow.dag.needrun_jobs() if job.rule.name != "all")
+    state = {"start": time.time(), "total": len(workflow.dag), "rules": rules}
+    progress_file(config).write_text(json.dumps(state))
+    if workflow.non_local_exec:
+        os.environ.pop("MEML_WORKER", None)
+        from meml.cluster import patch_slurm_plugin  # a cancelled job must end the run (see there)
+
+        patch_slurm_plugin()
+        return
+    logs = Path("logs", config["profile"])
+    if gpus:  # each job that takes GPUs records which it got (core/gpus.py)
+        logs.mkdir(parents=True, exist_ok=True)
+        os.environ["MEML_GPU_LOG"] = str(logs.resolve() / "gpus.jsonl")
+    offline = {"HF_HUB_OFFLINE": "1"} if config["world"] == "toy" else {}  # the toy world never touches the network
+    socket = worker.socket_path()
+    _WORKER["process"] = worker.start(socket, {"TOKENIZERS_PARALLELISM": "false", **offline}, device=config["device"])
+    _WORKER["socket"] = socket
+    if _WORKER["process"] is not None:
+        os.environ["MEML_WORKER"] = str(socket)  # inherited by every local job
+
+
+def _stop_worker() -> None:
+    process = _WORKER.pop("process", None)
+    socket = _WORKER.pop("socket", None)
+    if process is not None:
+        process.terminate()
+        process.wait(timeout=30)
+        socket.with_suffix(".log").unlink(missing_ok=True)
+
+
+def _record(workflow: Any, config: dict[str, Any]) -> None:
+    from meml.reporting import run_record
+
+    if not workflow.dryrun:  # the run's own facts: report/<profile>/run.json
+        run_record.write(config, progress_file(config), Path("report", config["profile"]), workflow.cores)
+
+
+def finish(workflow: Any, config: dict[str, Any]) -> None:
+    """Snakefile's onsuccess."""
+    from meml.reporting.finish import message
+
+    _stop_worker()
+    _record(workflow, config)
+    print(message(config), file=sys.stderr)
+
+
+def failed(workflow: Any, config: dict[str, Any]) -> None:
+    """Snakefile's onerror: what the run cost, and the calibration gate's messages (also in the jobs' logs)."""
+    _stop_worker()
+    _record(workflow, config)
+    folder = Layout.of(config).root / "calibration"
+    for failure in sorted([*folder.glob("*/*/*.failed"), *folder.glob("*/*/*/*.failed")]):
+        print(failure.read_text(encoding="utf-8"), file=sys.stderr)
