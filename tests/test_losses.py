@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from meml.training.losses import iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from meml.training.losses import PolicyBatch, iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
 
 
 def test_grpo_advantages_by_hand_with_ragged_3_3_2_subgroups() -> None:
@@ -51,23 +51,25 @@ def _two_sequences() -> dict[str, torch.Tensor]:
 def test_grpo_loss_aggregation_by_hand() -> None:
     t = _two_sequences()
     # on-policy (old = new, ratio 1): per-token loss = -A; GRPO = mean over sequences of token means
-    out = policy_loss(t["logp"], t["logp"].detach(), t["advantages"], t["mask"], "grpo")
+    out = policy_loss(PolicyBatch(t["logp"], t["logp"].detach(), t["advantages"], t["mask"]), "grpo")
     assert out.loss.item() == pytest.approx(((-1 - 1) / 2 + 2 / 1) / 2)  # 0.5
     assert out.clip_fraction == 0.0
 
 
 def test_drgrpo_loss_aggregation_by_hand() -> None:
     t = _two_sequences()
-    out = policy_loss(t["logp"], t["logp"].detach(), t["advantages"], t["mask"], "drgrpo", length_constant=4)
+    out = policy_loss(
+        PolicyBatch(t["logp"], t["logp"].detach(), t["advantages"], t["mask"]), "drgrpo", length_constant=4
+    )
     assert out.loss.item() == pytest.approx((-1 - 1 + 2) / (2 * 4))  # token sum / (N * constant) = 0
 
 
 def test_clipping_and_kl_by_hand() -> None:
     logp = torch.log(torch.tensor([[0.6]]))
     old = torch.log(torch.tensor([[0.4]]))  # ratio 1.5
-    pos = policy_loss(logp, old, torch.tensor([1.0]), torch.tensor([[1]]), "grpo", clip_eps=0.2)
+    pos = policy_loss(PolicyBatch(logp, old, torch.tensor([1.0]), torch.tensor([[1]])), "grpo", clip_eps=0.2)
     assert pos.loss.item() == pytest.approx(-1.2) and pos.clip_fraction == 1.0  # min(1.5, 1.2) * 1
-    neg = policy_loss(logp, old, torch.tensor([-1.0]), torch.tensor([[1]]), "grpo", clip_eps=0.2)
+    neg = policy_loss(PolicyBatch(logp, old, torch.tensor([-1.0]), torch.tensor([[1]])), "grpo", clip_eps=0.2)
     assert neg.loss.item() == pytest.approx(1.5)  # min(-1.5, -1.2) = -1.5
     # ratio 1.5 with A < 0: min() takes the unclipped term, the clip is inactive and not counted
     assert neg.clip_fraction == 0.0
@@ -75,18 +77,20 @@ def test_clipping_and_kl_by_hand() -> None:
     low = torch.log(torch.tensor([[0.3]]))
     assert (
         policy_loss(
-            low, torch.log(torch.tensor([[0.6]])), torch.tensor([-1.0]), torch.tensor([[1]]), "grpo"
+            PolicyBatch(low, torch.log(torch.tensor([[0.6]])), torch.tensor([-1.0]), torch.tensor([[1]])), "grpo"
         ).clip_fraction
         == 1.0
     )
     assert (
         policy_loss(
-            low, torch.log(torch.tensor([[0.6]])), torch.tensor([1.0]), torch.tensor([[1]]), "grpo"
+            PolicyBatch(low, torch.log(torch.tensor([[0.6]])), torch.tensor([1.0]), torch.tensor([[1]])), "grpo"
         ).clip_fraction
         == 0.0
     )
     ref = torch.log(torch.tensor([[0.3]]))
-    with_kl = policy_loss(logp, logp.detach(), torch.tensor([0.0]), torch.tensor([[1]]), "grpo", ref_logp=ref, beta=0.1)
+    with_kl = policy_loss(
+        PolicyBatch(logp, logp.detach(), torch.tensor([0.0]), torch.tensor([[1]]), ref), "grpo", beta=0.1
+    )
     d = math.log(0.3) - math.log(0.6)
     assert with_kl.kl == pytest.approx(math.exp(d) - d - 1)
     assert with_kl.loss.item() == pytest.approx(0.1 * (math.exp(d) - d - 1))

@@ -18,7 +18,7 @@ from meml.data.experts import DEFAULT_PROMPTS
 from meml.data.tiny_models import build_tiny_models, toy_corpus
 from meml.training.distributed import Dist
 from meml.training.kv_decode import KVEngine
-from meml.training.losses import IMLPair, iml_loss, policy_loss, sft_loss
+from meml.training.losses import IMLPair, PolicyBatch, iml_loss, policy_loss, sft_loss
 from meml.training.rl import HSFTBatch, IMLBatch, Learner, RLSettings, Sequences, update_step
 from meml.training.rollout import HFEngine, Sampling
 from meml.training.scoring import completion_logprobs, micro_batches
@@ -78,7 +78,8 @@ def _one_shot_gradient(model: Any, s: RLSettings, kind: str, seqs: Sequences, im
         model, seqs.prompts + iml.weak + hsft.prompts, seqs.completions + iml.tokens + hsft.targets, 0,
         temperature=s.temperature,
     )  # fmt: skip
-    pl = policy_loss(logp[:n], logp[:n].detach(), seqs.advantages, mask[:n], kind, s.clip_eps, s.max_new_tokens)
+    rows = PolicyBatch(logp[:n], logp[:n].detach(), seqs.advantages, mask[:n])
+    pl = policy_loss(rows, kind, clip_eps=s.clip_eps, length_constant=s.max_new_tokens)
     strong_rows = [seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs]
     l_iml = iml_loss(logp[strong_rows], logp[n : n + m], mask[n : n + m])
     l_sft = sft_loss(logp[n + m :], mask[n + m :])
@@ -238,9 +239,9 @@ def test_several_updates_per_batch(models: dict[str, Path], monkeypatch: pytest.
     sft_rows: list[int] = []
     policy_loss_of, iml_loss_of, sft_loss_of = rl.policy_loss, rl.iml_loss, rl.sft_loss
 
-    def policy_loss(logp: torch.Tensor, old: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        ratios.append((logp.detach() - old).exp())
-        return policy_loss_of(logp, old, *args, **kwargs)
+    def policy_loss(batch: PolicyBatch, *args: Any, **kwargs: Any) -> Any:
+        ratios.append((batch.logp.detach() - batch.old_logp).exp())
+        return policy_loss_of(batch, *args, **kwargs)
 
     def iml_loss(strong: Any, weak: Any, mask: Any, weight: Any = None, **kwargs: Any) -> Any:
         weights.append(weight)

@@ -58,19 +58,27 @@ class PolicyLossOut:
         return self.kl_sum / max(self.tokens, 1.0)
 
 
+@dataclass(frozen=True)
+class PolicyBatch:
+    """The rows a policy loss is taken on."""
+
+    logp: Tensor  # (N, T) log p of each completion token under the policy being trained
+    old_logp: Tensor  # (N, T) the same under the policy that sampled the rollouts (no gradient)
+    advantages: Tensor  # (N,) one per rollout
+    mask: Tensor  # (N, T) the completion's real tokens
+    ref_logp: Tensor | None = None  # (N, T) under the reference model, for the KL term
+
+
 def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
+    batch: PolicyBatch,
     kind: str,
+    *,
     clip_eps: float = 0.2,
     length_constant: int = 1,
-    ref_logp: Tensor | None = None,
     beta: float = 0.0,
     rows_total: int | None = None,
 ) -> PolicyLossOut:
-    """Clipped surrogate. logp, old_logp, mask, ref_logp: (N, T); advantages: (N,).
+    """Clipped surrogate of a PolicyBatch.
 
     per token:  -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) + beta * KL_k3
     grpo:   mean over sequences of (token sum / the sequence's own length)
@@ -83,6 +91,13 @@ def policy_loss(
     A token counts as clipped only where the clip is active: ratio above 1 + eps with A > 0, or
     below 1 - eps with A < 0 (on the other side min() takes the unclipped term).
     """
+    logp, old_logp, advantages, mask, ref_logp = (
+        batch.logp,
+        batch.old_logp,
+        batch.advantages,
+        batch.mask,
+        batch.ref_logp,
+    )
     n = logp.shape[0] if rows_total is None else rows_total
     mask_f = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)

@@ -70,7 +70,15 @@ from meml.training.distributed import Dist
 from meml.training.engines import make_engine
 from meml.training.groups import Groups, QuestionOrder, Sampled, sample_groups, sample_step
 from meml.training.lengths import check_fits, over_cap_shares
-from meml.training.losses import IMLPair, iml_loss, iml_pairs, policy_loss, sft_loss, subgroup_advantages
+from meml.training.losses import (
+    IMLPair,
+    PolicyBatch,
+    iml_loss,
+    iml_pairs,
+    policy_loss,
+    sft_loss,
+    subgroup_advantages,
+)
 from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from meml.training.rollout_vllm import VLLMSettings
 from meml.training.scoring import completion_logprobs, micro_batches
@@ -400,7 +408,7 @@ def run_rl(
             seqs = advantages_step(groups, method.advantage, run.stops.end_of_turn)
             # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
             tie_break = random.Random(f"iml-{args.seed}-{step}-{dist.rank}")
-            iml = iml_step(groups, method.iml, tie_break, args.reward.format_bonus)
+            iml = iml_step(groups, tie_break, args.reward.format_bonus) if method.iml else IMLBatch([])
             # 6. HSFT: failures offered to the buffer (identical in every process); a full one is drained
             hsft = hsft_step(run, groups, experts, dist, args.prompts) if method.hsft else HSFTBatch()
             # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
@@ -409,7 +417,8 @@ def run_rl(
             check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
             # 8. metrics, over every process's questions
             seconds = time.time() - t0
-            metrics = step_metrics(dist, run, sampled, seqs, iml, hsft, experts, stats, seconds, rollout_seconds)
+            outcome = StepOutcome(sampled, seqs, iml, hsft, stats, seconds, rollout_seconds)
+            metrics = step_metrics(dist, run, experts, outcome)
             if tracker is not None:
                 tracker.log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}", all_wrong=f"{metrics['subgroups/all_wrong']:.2f}")
@@ -477,11 +486,9 @@ class IMLBatch:
     tokens: list[list[int]] = field(default_factory=list)  # O+, a correct rollout of the best
 
 
-def iml_step(groups: Groups, enabled: bool, tie_break: random.Random, format_bonus: float) -> IMLBatch:
+def iml_step(groups: Groups, tie_break: random.Random, format_bonus: float) -> IMLBatch:
     """5. Best and worst expert per question (whole groups: one process each); rewards compared as
     the decimals they stand for (losses.exact_reward)."""
-    if not enabled:
-        return IMLBatch([])
     pairs = iml_pairs(groups.rewards, groups.correct, groups.valid, tie_break, format_bonus)
     return IMLBatch(
         pairs,
@@ -575,18 +582,17 @@ def update_step(
             with precision.autocast():
                 logp, mask, entropy = score(policy, rows, seqs.prompts, seqs.completions, entropy=update == 0)
                 t = logp.shape[1]
-                pl = policy_loss(
+                rows_batch = PolicyBatch(
                     logp,
                     logp.detach() if old_logp is None else old_logp[rows, :t],
                     advantages[rows],
                     mask,
-                    advantage,
-                    s.clip_eps,
-                    s.max_new_tokens,
                     None if ref_logp is None else ref_logp[rows, :t],
-                    s.beta,
-                    rows_total=n,
                 )
+                pl = policy_loss(
+                    rows_batch, advantage, clip_eps=s.clip_eps, length_constant=s.max_new_tokens, beta=s.beta,
+                    rows_total=n,
+                )  # fmt: skip
             pl.loss.backward()  # this micro-batch's graph is freed here
             now[rows, :t], mask_all[rows, :t] = logp.detach().float(), mask
             l_policy += pl.loss.item()
@@ -691,32 +697,53 @@ def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: D
     return total
 
 
-def step_metrics(
-    dist: Dist,
-    run: RunState,
-    sampled: Sampled,
-    seqs: Sequences,
-    iml: IMLBatch,
-    hsft: HSFTBatch,
-    experts: list[int],
-    stats: dict[str, float],
-    seconds: float,
-    rollout_seconds: float,
-) -> dict[str, float]:
-    """8. One step's metrics over every process's questions. `stats`: this process's losses
-    (averaged over the processes here). Names: reward/*, accuracy/mean; subgroups/all_wrong (the
-    share of (question, expert) subgroups with no correct rollout: where plain GRPO has no gradient)
-    and per expert; iml/pairs; hsft/*; completion/* (length, finished share, truncated share per
-    expert); dynamic/*; sampler_gap/* (the engine's log-probs against the learner's); perf/*
-    (seconds: the only values that differ between identical runs)."""
-    groups, buf, policy = sampled.groups, run.buf, run.learner.policy
-    completions, positions = groups.completions, seqs.positions
-    rewards, correct, valid = (torch.cat(dist.gather(t)) for t in (groups.rewards, groups.correct, groups.valid))
-    group_sizes = [n for part in dist.gather([sum(map(len, c)) for c in completions]) for n in part]
-    tokens = sum(dist.gather(sum(len(completions[q][e][r].token_ids) for q, e, r in positions)))
-    finished = sum(dist.gather(sum(completions[q][e][r].finished for q, e, r in positions)))
-    prompt_tokens = sum(dist.gather(sum(len(p) for p in seqs.prompts)))
-    per_process = dist.gather(stats)  # losses of each process's share, averaged
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did in this process: steps 1-7's outputs and its timings."""
+
+    sampled: Sampled
+    seqs: Sequences
+    iml: IMLBatch
+    hsft: HSFTBatch
+    stats: dict[str, float]  # step 7's losses and diagnostics (this process's share)
+    seconds: float
+    rollout_seconds: float
+
+
+def _process_part(run: RunState, experts: list[int], step: StepOutcome, world: int) -> dict[str, Any]:
+    """This process's share of a step's metrics, as plain values: what `step_metrics` gathers."""
+    groups, positions = step.sampled.groups, step.seqs.positions
+    completions = groups.completions
+    ends = [[completions[q][e][r].finished for q, ee, r in positions if ee == e] for e in range(len(experts))]
+    part = {
+        "rewards": groups.rewards, "correct": groups.correct, "valid": groups.valid,
+        "group_sizes": [sum(map(len, c)) for c in completions],
+        "tokens": sum(len(completions[q][e][r].token_ids) for q, e, r in positions),
+        "finished": sum(completions[q][e][r].finished for q, e, r in positions),
+        "prompt_tokens": sum(len(p) for p in step.seqs.prompts),
+        "ends": [(sum(x), len(x)) for x in ends],
+        "iml_pairs": len(step.iml.pairs),
+        "stats": step.stats,
+    }  # fmt: skip
+    if world > 1:  # the replicas and their buffers must stay identical after every step
+        part["weights"] = weights_fingerprint(run.learner.policy.named_parameters(), "float64")
+        # what each buffer holds, and what it gave to SFT this step (a full buffer empties itself)
+        part["buffer"] = [[(h.question_id, h.expert) for h in items] for items in (run.buf.items, step.hsft.drained)]
+    return part
+
+
+def step_metrics(dist: Dist, run: RunState, experts: list[int], step: StepOutcome) -> dict[str, float]:
+    """8. One step's metrics over every process's questions, from one gather of each process's
+    share. Names: reward/*, accuracy/mean; subgroups/all_wrong (the share of (question, expert)
+    subgroups with no correct rollout: where plain GRPO has no gradient) and per expert; iml/pairs;
+    hsft/*; completion/* (length, finished share, truncated share per expert); dynamic/*;
+    sampler_gap/* (the engine's log-probs against the learner's); perf/* (seconds: the only values
+    that differ between identical runs)."""
+    parts = dist.gather(_process_part(run, experts, step, dist.world))
+    rewards, correct, valid = (torch.cat([p[k] for p in parts]) for k in ("rewards", "correct", "valid"))
+    group_sizes = [n for p in parts for n in p["group_sizes"]]
+    tokens, finished, prompt_tokens = (sum(p[k] for p in parts) for k in ("tokens", "finished", "prompt_tokens"))
+    rollouts = len(step.seqs.positions) * dist.world
     metrics = {"reward/mean": float(rewards[valid].mean()), "accuracy/mean": float(correct[valid].float().mean())}
     # (Q, E) success rate of each subgroup (subgroup sizes differ from question to question)
     success = (correct & valid).sum(-1).float() / valid.sum(-1).clamp(min=1)
@@ -726,42 +753,38 @@ def step_metrics(
         metrics[f"subgroups/all_wrong/expert{k}"] = float((sub == 0).float().mean())
         metrics[f"subgroups/all_correct/expert{k}"] = float((sub == 1).float().mean())
         # the share of the expert's rollouts cut at max_new_tokens (a cut answer scores 0)
-        ends = [completions[q][e][r].finished for q, ee, r in positions if ee == e]
-        done, total = sum(dist.gather(sum(ends))), sum(dist.gather(len(ends)))
+        done, total = sum(p["ends"][e][0] for p in parts), sum(p["ends"][e][1] for p in parts)
         metrics[f"completion/truncated/expert{k}"] = 1.0 - done / total if total else 0.0
     question_any = correct.any(-1).any(-1)  # (Q,) some expert solved it
-    all_wrong = success == 0  # (Q, E)
+    buf, stats = run.buf, step.stats
     metrics.update(
         {
-            "subgroups/all_wrong": float(all_wrong.float().mean()),
+            "subgroups/all_wrong": float((success == 0).float().mean()),
             "questions/none_correct": float((~question_any).float().mean()),
-            "rollouts/sampled": float(sampled.rollouts),
+            "rollouts/sampled": float(step.sampled.rollouts),
             # the rollouts IML and the buffer saw per question (a whole group is in one process)
             "groups/rollouts_min": float(min(group_sizes)),
             "groups/rollouts_max": float(max(group_sizes)),
-            "dynamic/replaced": float(sampled.replaced),
-            "dynamic/rounds": float(sampled.rounds),
-            "iml/pairs": float(sum(dist.gather(len(iml.pairs)))),
-            "hsft/inserted": float(hsft.inserted),
+            "dynamic/replaced": float(step.sampled.replaced),
+            "dynamic/rounds": float(step.sampled.rounds),
+            "iml/pairs": float(sum(p["iml_pairs"] for p in parts)),
+            "hsft/inserted": float(step.hsft.inserted),
             "hsft/buffer_fill": float(len(buf.items)),
             "hsft/flushes": float(buf.flushes),
-            "hsft/sft_examples": float(len(hsft.drained)),
-            "completion/length_mean": tokens / (len(positions) * dist.world),
-            "prompt/length_mean": prompt_tokens / (len(positions) * dist.world),
-            "completion/finished_fraction": finished / (len(positions) * dist.world),
-            "perf/step_seconds": seconds,
-            "perf/rollout_seconds": rollout_seconds,
-            "perf/tokens_per_second": tokens / max(rollout_seconds, 1e-9),
+            "hsft/sft_examples": float(len(step.hsft.drained)),
+            "completion/length_mean": tokens / rollouts,
+            "prompt/length_mean": prompt_tokens / rollouts,
+            "completion/finished_fraction": finished / rollouts,
+            "perf/step_seconds": step.seconds,
+            "perf/rollout_seconds": step.rollout_seconds,
+            "perf/tokens_per_second": tokens / max(step.rollout_seconds, 1e-9),
             "lr": float(run.learner.scheduler.get_last_lr()[0]),
             # a maximum over the processes is their maximum; every other value their mean
-            **{k: (max if k.endswith("/max") else statistics.fmean)(p[k] for p in per_process) for k in stats},
+            **{k: (max if k.endswith("/max") else statistics.fmean)(p["stats"][k] for p in parts) for k in stats},
         }
     )
-    if dist.world > 1:  # the replicas and their buffers must stay identical after every step
-        prints = dist.gather(weights_fingerprint(policy.named_parameters(), "float64"))
-        # what each buffer holds, and what it gave to SFT this step (a full buffer empties itself)
-        buffers = dist.gather([[(h.question_id, h.expert) for h in part] for part in (buf.items, hsft.drained)])
+    if dist.world > 1:
         metrics["dist/processes"] = float(dist.world)
-        metrics["dist/replicas_identical"] = float(all(p == prints[0] for p in prints))
-        metrics["dist/buffers_identical"] = float(all(b == buffers[0] for b in buffers))
+        metrics["dist/replicas_identical"] = float(all(p["weights"] == parts[0]["weights"] for p in parts))
+        metrics["dist/buffers_identical"] = float(all(p["buffer"] == parts[0]["buffer"] for p in parts))
     return metrics
