@@ -9,8 +9,10 @@ Runs on the same model, data, G = 8, eight questions a step and the same complet
     moe    our loop, MoE-SFT-GRPO switches (three experts 3/3/2; the same rollouts as MEML)
     meml   our loop, MEML-GRPO switches (three experts 3/3/2, IML and HSFT on)
     trl    trl's GRPOTrainer (expert 1's prompt, 8 generations, beta 0)
-    then   with --against: grpo and meml again, on another checkout's code (its pipeline/ on
-           PYTHONPATH, its own default config: for example commit a588599 in a git worktree)
+    then   with --against: grpo and meml again, on another checkout's code, driven through its
+           CLI (`meml rl --sft-dir ... --out ... --set ...`, which has stayed put since before the
+           loop took typed settings), with its own default config and these settings laid over it:
+           for example commit a588599 in a git worktree (tests/test_bench_rl.py runs it there)
 MEML/MoE isolates the cost of IML and HSFT (same prompts, same rollouts); MEML/GRPO is the
 issue's ratio at the same total number of rollouts, but its experts write shorter completions.
 Each runs in its own process (so peak memory is its own) on `--threads` threads (1: what a DAG
@@ -49,11 +51,10 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_config()
     steps = args.steps + 1
-    if kind in ("grpo", "moe", "meml", "then-grpo", "then-meml"):
-        kind = kind.removeprefix("then-")
+    if kind in ("grpo", "moe", "meml"):
         from meml.training.rl import Method, RLArgs, RLPaths, RLSettings, run_rl
 
-        name = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}[kind]
+        name = METHODS[kind]
         settings = dict(
             cfg["rl"],
             steps=steps,
@@ -172,11 +173,58 @@ def _measure_trl(args: argparse.Namespace, steps: int) -> tuple[list[float], dic
     return times[1:], {}
 
 
+METHODS = {"grpo": "Expert1-SFT-GRPO", "moe": "MoE-SFT-GRPO", "meml": "MEML-GRPO"}
+
+
+def measure_checkout(checkout: str | Path, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`kind` (grpo, meml) on another checkout's code, through its CLI: a results folder whose toy
+    data and trajectories are links to --data and --experts, the SFT model given as --sft-dir, and
+    the benchmark's settings as --set overrides of its own default config (keys every checkout since
+    the loop's first release has). Returns what `measure` returns, from the run's metrics.jsonl."""
+    overrides = {
+        "rl.steps": args.steps + 1,
+        "rl.questions_per_step": 8,
+        "rl.group_size": 8,
+        "rl.max_new_tokens": args.tokens,
+        "rl_by_dataset.gsm8k.max_new_tokens": args.tokens,
+        "rl.max_truncated_share": 1.0,
+        "rl.checkpoint_every": 10_000,
+        "rl.buffer.capacity": args.buffer,
+        "mlflow.enabled": False,
+    }
+    with tempfile.TemporaryDirectory() as work:
+        results = Path(work) / "results"
+        for part, source in (("data", args.data), ("experts", args.experts)):
+            (results / "toy" / part).mkdir(parents=True)
+            (results / "toy" / part / "gsm8k").symlink_to(Path(source).resolve())
+        cmd = [sys.executable, "-m", "meml.cli", "rl", "--model", "qwen2", "--dataset", "gsm8k",
+               "--method", METHODS[kind], "--seed", "0", "--sft-dir", str(Path(args.model).resolve()),
+               "--results", str(results), "--out", str(Path(work) / "run")]  # fmt: skip
+        for key, value in overrides.items():
+            cmd += ["--set", f"{key}={json.dumps(value)}"]
+        threads = str(args.threads)
+        env = {**os.environ, "PYTHONPATH": str(Path(checkout).resolve() / "pipeline"), "OMP_NUM_THREADS": threads,
+               "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+        env.pop("MEML_WORKER", None)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
+        if done.returncode != 0:
+            raise SystemExit(f"bench_rl: {kind} on {checkout} failed:\n{done.stderr[-3000:]}")
+        rows = [json.loads(x) for x in (Path(work) / "run" / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "kind": f"then-{kind}",
+        "step_seconds": [r["perf/step_seconds"] for r in rows[1:]],
+        "peak_rss_mb": None,  # the CLI's process, not measured from here
+        "iml_pairs_per_step": statistics.mean(r["iml/pairs"] for r in rows),
+        "hsft_flushes": rows[-1]["hsft/flushes"],
+        "completion_tokens_mean": statistics.mean(r["completion/length_mean"] for r in rows),
+    }
+
+
 def _run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement in a fresh process (`then-*`: on the --against checkout's code)."""
-    env = dict(os.environ)
+    """One measurement in a fresh process (`then-*`: on the --against checkout's code, its CLI)."""
     if kind.startswith("then-"):
-        env["PYTHONPATH"] = str(Path(args.against).resolve() / "pipeline")
+        return measure_checkout(args.against, kind.removeprefix("then-"), args)
+    env = dict(os.environ)
     cmd = [sys.executable, __file__, *sys.argv[1:], "--only", kind]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -195,8 +243,8 @@ def main() -> None:
     parser.add_argument("--buffer", type=int, default=16, help="HSFT buffer capacity (small so that it flushes)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (a DAG job has 1)")
-    parser.add_argument("--against", help="another checkout (its pipeline/ on PYTHONPATH) whose grpo and meml run too")
-    parser.add_argument("--only", choices=["grpo", "moe", "meml", "trl", "then-grpo", "then-meml", "flops"],
+    parser.add_argument("--against", help="another checkout whose grpo and meml run too, through its CLI")
+    parser.add_argument("--only", choices=["grpo", "moe", "meml", "trl", "flops"],
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -210,7 +258,7 @@ def main() -> None:
             results[kind].append(_run(kind, args))
     flops = _run("flops", args)
     median = {k: statistics.median(t for r in v for t in r["step_seconds"]) for k, v in results.items()}
-    peak = {k: max(r["peak_rss_mb"] for r in v) for k, v in results.items()}
+    peak = {k: max(r["peak_rss_mb"] for r in v) for k, v in results.items() if v[0]["peak_rss_mb"] is not None}
     reached = flops["step_flops"] / median["meml"]
     summary: dict[str, Any] = {
         "median_step_seconds": {k: round(v, 3) for k, v in median.items()},
