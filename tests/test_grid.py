@@ -222,10 +222,16 @@ def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: lis
     assert err.value.field == "grid.seeds_vary"
 
 
-def test_keeping_checkpoints_is_no_part_of_a_cell() -> None:
-    kept = load_config(None, {"rl.keep_checkpoints": True})
-    dropped = load_config(None, {"rl.keep_checkpoints": False})
+def test_how_a_job_checkpoints_is_no_part_of_a_cell() -> None:
+    """grid.RUN_KEYS (whether the last RL checkpoint is kept, how often SFT checkpoints) define no
+    cell; every other key of the rl and sft sections does."""
+    kept = load_config(None, {"rl.keep_checkpoints": True, "sft.checkpoint_every": 200})
+    dropped = load_config(None, {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0})
     cell = grid.cells(kept)[0]
     assert grid.cell_params(kept, cell) == grid.cell_params(dropped, cell)
     assert "keep_checkpoints" not in grid.cell_params(kept, cell)["rl"]
+    assert "checkpoint_every" not in grid.cell_params(kept, cell)["sft"]
+    assert grid.run_settings(dropped) == {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0}
+    other = load_config(None, {"sft.lr": 1e-4})
+    assert grid.cell_params(other, cell) != grid.cell_params(kept, cell)
     assert load_config(PROJECT / "config" / "paper.yaml")["rl"]["keep_checkpoints"] is False

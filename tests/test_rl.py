@@ -435,8 +435,7 @@ def test_each_switch_reaches_the_update(small_world: Path, base_model: Path, tmp
 
 def test_every_rl_setting_comes_from_its_own_key_and_a_missing_key_is_named() -> None:
     """Each field of RLSettings takes the value of the config key of its name, converted to its type:
-    changing one key changes that field alone. A missing key is named (rl.keep_checkpoints alone has
-    a default, see its comment)."""
+    changing one key changes that field alone. A missing key is named."""
     import dataclasses
 
     from meml.training.rl import RLSettings
@@ -467,7 +466,8 @@ def test_every_rl_setting_comes_from_its_own_key_and_a_missing_key_is_named() ->
         RLSettings.from_config(partial)
     del partial["keep_checkpoints"]
     partial["buffer"]["sft_lr"] = 1e-3
-    assert RLSettings.from_config(partial).keep_checkpoints is True
+    with pytest.raises(DataError, match=r"rl\.keep_checkpoints"):
+        RLSettings.from_config(partial)
 
 
 def test_a_run_closes_the_engine_it_started_and_not_one_it_was_given(

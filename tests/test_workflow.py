@@ -167,6 +167,18 @@ def test_changing_how_the_report_decides_reruns_only_the_report(smoke_run: Path)
     assert _job_counts(dry.stdout) == {"report": 1, "all": 1}
 
 
+def test_changing_how_jobs_checkpoint_reruns_nothing(smoke_run: Path) -> None:
+    """grid.RUN_KEYS reach the jobs on the shell line, outside the params Snakemake compares; the
+    dry run's command lines carry the new values for the jobs that would run."""
+    changed = smoke_run / "checkpoints.yaml"
+    changed.write_text("rl: {keep_checkpoints: false}\nsft: {checkpoint_every: 7}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(changed))
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    forced = _run(smoke_run, "-n", "-p", "--forcerun", "rl", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"),
+                  str(changed))  # fmt: skip
+    assert "--set rl.keep_checkpoints=false --set sft.checkpoint_every=7" in forced.stdout
+
+
 def test_adding_a_model_reruns_only_its_own_jobs(smoke_run: Path) -> None:
     # each tiny model has its own job, so the first model's cells (and their numbers) are kept
     more = smoke_run / "two_models.yaml"

@@ -76,14 +76,14 @@ def launcher(job):
     )
 
 
-def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=None):
+def cli_config(*sections, only=None, shown=False, replicates=None):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
     so editing one method or one teacher reruns only its jobs. A model's published figures and
     `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
-    (turning eval.base on adds the base evaluations, nothing else). `rl.keep_checkpoints` reaches the
-    RL job alone (`checkpoints`), and only when false: its arrival (default true) reran nothing."""
+    (turning eval.base on adds the base evaluations, nothing else). How a job runs, not what it
+    computes (grid.RUN_KEYS), is left out: RUN_SETTINGS carries it."""
     chosen = {key: config[key] for key in sections}
     for section, keys in (only or {}).items():
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
@@ -95,8 +95,7 @@ def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=
         chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
     if replicates is not None:  # the report's: the replicates on disk (REPLICATES)
         chosen["report"] = {**chosen["report"], "replicates": replicates}
-    if "rl" in chosen and (not checkpoints or chosen["rl"].get("keep_checkpoints", True)):
-        chosen["rl"] = {k: v for k, v in chosen["rl"].items() if k != "keep_checkpoints"}
+    chosen = {k: grid.without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 
@@ -106,6 +105,12 @@ def cli_config(*sections, only=None, shown=False, checkpoints=False, replicates=
 # keep their params.
 _DEFAULT_RL_BY_DATASET = load_yaml(DEFAULT_CONFIG.read_text())["rl_by_dataset"]  # the one home of the defaults
 RL_SECTIONS = ["rl_by_dataset"] if config.get("rl_by_dataset") != _DEFAULT_RL_BY_DATASET else []
+
+
+# How a job runs, not what it computes (grid.RUN_KEYS: the checkpoint settings), as `--set` options on
+# the SFT and RL jobs' shell lines: Snakemake compares a rule's params and its shell line's template,
+# never the values formatted into it, so changing one of these reruns nothing.
+RUN_SETTINGS = " ".join(f"--set {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in grid.run_settings(config).items())
 
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed

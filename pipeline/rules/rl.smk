@@ -19,7 +19,7 @@ rule rl:
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",
-            *RL_SECTIONS, "reward", "experts", "mlflow", only={"methods": [w.method], **SEEDS_VARY}, checkpoints=True,
+            *RL_SECTIONS, "reward", "experts", "mlflow", only={"methods": [w.method], **SEEDS_VARY},
         ),
         env=job_env,
         launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
@@ -30,4 +30,4 @@ rule rl:
         f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
         "{params.env} {ON_GPUS} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
-        "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"
+        "--seed {wildcards.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

@@ -28,4 +28,4 @@ rule sft:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
         "{params.env} {ON_GPUS} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
-        "{params.seed} --config-json {params.cfg} > {log} 2>&1"
+        "{params.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

@@ -215,6 +215,27 @@ def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     return [m for m in models(cfg) if chosen is None or m in chosen]
 
 
+# Keys that say how a job runs, not what it computes: whether a finished RL cell keeps its last
+# checkpoint, how often SFT checkpoints. They define no cell and rerun no job: the workflow hands them
+# to the jobs on the shell line (common.smk, RUN_SETTINGS), outside the params Snakemake compares.
+RUN_KEYS = ("rl.keep_checkpoints", "sft.checkpoint_every")
+
+
+def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config's RUN_KEYS, by dotted key."""
+    out = {}
+    for key in RUN_KEYS:
+        section, name = key.split(".")
+        out[key] = cfg[section][name]
+    return out
+
+
+def without_run_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A config section's values less its RUN_KEYS: what a job's result depends on."""
+    names = {key.split(".")[1] for key in RUN_KEYS if key.split(".")[0] == section}
+    return {k: v for k, v in values.items() if k not in names}
+
+
 def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
     """Every value that defines an RL cell's result. Snakemake reruns a cell when these change."""
     return {
@@ -227,9 +248,8 @@ def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         # where the seed retrains SFT (and pretraining), the seed of those stages: another model
         **({"seeds_vary": cfg["grid"]["seeds_vary"]} if varies(cfg, "sft") else {}),
-        # whether the last checkpoint is kept changes no result
-        "rl": {k: v for k, v in method_rl(cfg, cell.method, cell.dataset).items() if k != "keep_checkpoints"},
-        "sft": cfg["sft"],
+        "rl": without_run_keys("rl", method_rl(cfg, cell.method, cell.dataset)),
+        "sft": without_run_keys("sft", cfg["sft"]),
         "reward": cfg["reward"],
         "prompts": cfg["experts"].get("prompts"),
     }

@@ -88,13 +88,12 @@ __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
 # ---------------------------------------------------------------------------------------------------
 # Settings: every key read once, here, into typed fields (the defaults live in config/default.yaml
-# alone, so a missing key is an error that names it; the one exception, rl.keep_checkpoints, says
-# why). No raw settings dict goes past these types.
+# alone, so a missing key is an error that names it). No raw settings dict goes past these types.
 
 
 def _read(cls: type, section: dict[str, Any], where: str) -> Any:
     """`cls` (a dataclass) from its config section: each field from the key of its name, converted
-    to the field's type; a key missing is an error naming it, unless the field has a default."""
+    to the field's type; a key missing is an error naming it."""
     import dataclasses
     import typing
 
@@ -103,8 +102,6 @@ def _read(cls: type, section: dict[str, Any], where: str) -> Any:
     for key in dataclasses.fields(cls):
         name = key.name
         if name not in section:
-            if key.default is not dataclasses.MISSING:
-                continue
             raise DataError(f"missing RL setting {where}.{name} (config/default.yaml has every key)")
         value, kind = section[name], hints[name]
         if hasattr(kind, "from_config"):  # a nested section with its own reader (rl.vllm)
@@ -157,11 +154,9 @@ class RLSettings:
     rollout_batch_size: int  # sequences the rollout engine decodes at once
     micro_batch_tokens: int  # the update's micro-batch: at most this many prompt + completion tokens
     engine: str  # the rollout engine: kv, hf, hf-copy, vllm (training/engines.py)
+    keep_checkpoints: bool  # False: the last checkpoint goes once DONE is written (how a run ends, not its result)
     buffer: BufferSettings  # rl.buffer
     vllm: VLLMSettings  # rl.vllm: the vLLM engine's settings
-    # False: the last checkpoint goes once DONE is written. Absent from a job's config when true (the
-    # default): cli_config leaves it out, so that the key's arrival reran no finished cell
-    keep_checkpoints: bool = True
 
     @classmethod
     def from_config(cls, rl: dict[str, Any]) -> RLSettings:
