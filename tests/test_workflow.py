@@ -179,6 +179,22 @@ def test_changing_how_jobs_checkpoint_reruns_nothing(smoke_run: Path) -> None:
     assert "--set rl.keep_checkpoints=false --set sft.checkpoint_every=7" in forced.stdout
 
 
+def test_changing_one_data_sets_rl_settings_reruns_only_its_jobs(smoke_run: Path) -> None:
+    """Each job of a data set gets that data set's rl_by_dataset entry alone, and always gets it: an
+    entry for a data set outside the grid (mathqa) reruns nothing; the grid's own (strategyqa) reruns
+    its RL cells and what reads their settings."""
+    other = smoke_run / "mathqa_cap.yaml"
+    other.write_text("rl_by_dataset:\n  mathqa: {max_new_tokens: 40}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(other))
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    own = smoke_run / "strategyqa_cap.yaml"
+    own.write_text("rl_by_dataset:\n  strategyqa: {max_new_tokens: 24}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(own))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert _job_counts(dry.stdout)["rl"] == 7 + len(EXTRAS)
+    assert '"rl_by_dataset": {"strategyqa": {"max_new_tokens": 24}}' in dry.stdout
+
+
 def test_adding_a_model_reruns_only_its_own_jobs(smoke_run: Path) -> None:
     # each tiny model has its own job, so the first model's cells (and their numbers) are kept
     more = smoke_run / "two_models.yaml"

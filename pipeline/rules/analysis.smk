@@ -12,7 +12,7 @@ rule complementarity:
     output:
         multiext(f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}", ".json", ".png", ".pdf"),
     params:
-        cfg=cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward"),
+        cfg=lambda w: cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward", dataset=w.ds),
         model=",".join(f"{RESULTS}/sft/{{model}}/{{ds}}/{v}/model" for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
         env=job_env,

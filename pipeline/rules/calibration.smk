@@ -13,9 +13,9 @@ rule calibrate:
     params:
         # of the report section only the headline expert (whose greedy accuracy is measured): adding a
         # replicate or a stages run to the report must rerun the report alone
-        cfg=cli_config(
+        cfg=lambda w: cli_config(
             "profile", "world", "seed", "device", "precision", "rl", "rl_by_dataset", "experts", "reward", "report",
-            "calibration", only={"report": ["headline_expert"]},
+            "calibration", only={"report": ["headline_expert"]}, dataset=w.ds,
         ),
         experts=variant_experts,
         env=job_env,

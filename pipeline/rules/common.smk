@@ -11,7 +11,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
-from meml.core.config import DEFAULT_CONFIG, load_yaml  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import checks, grid  # noqa: E402
 
@@ -76,15 +75,18 @@ def launcher(job):
     )
 
 
-def cli_config(*sections, only=None, shown=False, replicates=None):
+def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None):
     """The config sections a job reads, as one shell-quoted JSON for `--config-json`. Rules keep it
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
     so editing one method or one teacher reruns only its jobs. A model's published figures and
     `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
     (turning eval.base on adds the base evaluations, nothing else). How a job runs, not what it
-    computes (grid.RUN_KEYS), is left out: RUN_SETTINGS carries it."""
+    computes (grid.RUN_KEYS), is left out: RUN_SETTINGS carries it. A job of one data set (`dataset`)
+    gets that data set's `rl_by_dataset` entry alone: editing another's reruns nothing of it."""
     chosen = {key: config[key] for key in sections}
+    if "rl_by_dataset" in chosen and dataset is not None:
+        chosen["rl_by_dataset"] = {k: v for k, v in chosen["rl_by_dataset"].items() if k == dataset}
     for section, keys in (only or {}).items():
         chosen[section] = {k: config[section][k] for k in keys if k in config[section]}
     if "methods" in (only or {}):  # where a method is shown (`tables`) never reruns its own jobs
@@ -97,14 +99,6 @@ def cli_config(*sections, only=None, shown=False, replicates=None):
         chosen["report"] = {**chosen["report"], "replicates": replicates}
     chosen = {k: grid.without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
-
-
-# The RL job's sections: rl_by_dataset too where the config's differs from the default's (a job's
-# config is the default with the sections it is given laid over it, so without it the job would
-# train at the default's per-data-set caps), and only there, so that the default config's RL jobs
-# keep their params.
-_DEFAULT_RL_BY_DATASET = load_yaml(DEFAULT_CONFIG.read_text())["rl_by_dataset"]  # the one home of the defaults
-RL_SECTIONS = ["rl_by_dataset"] if config.get("rl_by_dataset") != _DEFAULT_RL_BY_DATASET else []
 
 
 # How a job runs, not what it computes (grid.RUN_KEYS: the checkpoint settings), as `--set` options on

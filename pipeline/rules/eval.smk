@@ -9,7 +9,9 @@ rule evaluate:
     output:
         f"{RESULTS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.json",
     params:
-        cfg=cli_config("profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", "mlflow"),
+        cfg=lambda w: cli_config(
+            "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", "mlflow", dataset=w.ds
+        ),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=rl_run_dir,
         env=job_env,
@@ -43,7 +45,9 @@ rule evaluate_base:
     output:
         f"{RESULTS}/eval/{{model}}/{{ds}}/base.json",
     params:
-        cfg=cli_config("profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts"),
+        cfg=lambda w: cli_config(
+            "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", dataset=w.ds
+        ),
         experts=",".join(str(k) for k in ALL_EXPERTS),
         model=base_model_path,
         env=job_env,

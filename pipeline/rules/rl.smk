@@ -19,7 +19,7 @@ rule rl:
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",
-            *RL_SECTIONS, "reward", "experts", "mlflow", only={"methods": [w.method], **SEEDS_VARY},
+            "rl_by_dataset", "reward", "experts", "mlflow", only={"methods": [w.method], **SEEDS_VARY}, dataset=w.ds,
         ),
         env=job_env,
         launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
