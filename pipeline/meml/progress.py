@@ -4,7 +4,7 @@ runs once a cell, outside the worker.
 
     python -m meml.progress results/<profile>/eval/<cell>.json STATE_FILE
 
-STATE_FILE (written by the Snakefile's onstart) holds the run's start time, its job count and the
+STATE_FILE (written when the run starts: lifecycle.start) holds the run's start time, its job count and the
 jobs of each rule; the jobs done are the job records Snakemake wrote since then
 (.snakemake/metadata), with their rule and duration: the time left is what the remaining jobs of
 each rule cost at that rule's pace so far (time_left).
