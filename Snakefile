@@ -1,8 +1,6 @@
-# MEML-GRPO reproduction DAG. `snakemake --cores N` runs the embedded default (toy world, CPU);
-# `--configfile config/paper.yaml` the paper's grid. Rules live in pipeline/rules/, one file a stage
-# (common.smk: the parse-time checks, pipeline/meml/plan/checks.py, and what the rules share); the
-# run's start and end: pipeline/meml/lifecycle.py. Stages: tracking, data -> experts -> models -> sft
-# -> calibration -> rl -> eval -> analysis -> report.
+# MEML-GRPO reproduction DAG: `snakemake --cores N` (the toy default) or `--configfile config/paper.yaml`.
+# One rule file a stage (pipeline/rules/; common.smk: the checks and what rules share); a run's start and
+# end: pipeline/meml/lifecycle.py. Stages: data -> experts -> models -> sft -> calibration -> rl -> eval -> report.
 from pathlib import Path
 
 from snakemake.utils import min_version
