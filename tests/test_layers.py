@@ -118,6 +118,21 @@ def test_results_paths_live_in_the_layout_module() -> None:
     assert not offenders, "\n".join(offenders)
 
 
+def test_the_rules_take_result_paths_from_the_layout() -> None:
+    """The Snakefile and the rule files build no path inside results/ themselves: they ask
+    plan/layout.py (LAYOUT, with wildcards for names), outside comments."""
+    rules = [PACKAGE.parents[1] / "Snakefile", *sorted((PACKAGE.parent / "rules").glob("*.smk"))]
+    spelled = re.compile(r"""["'/]results/|\{RESULTS\}|^RESULTS\s*=""")
+    offenders = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in rules
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line.split("#", 1)[0])
+    ]
+    assert not offenders, "\n".join(offenders)
+    assert spelled.search('out=f"{RESULTS}/toy"') and spelled.search("x = 'results/toy'")
+
+
 def test_the_rl_loop_takes_its_run_in_three_types() -> None:
     """run_rl(args, paths, tracking): what the run is, where it reads and writes, where it reports;
     besides those, only a rollout engine to use instead of the configured one, and the progress bar."""

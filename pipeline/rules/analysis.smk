@@ -7,17 +7,17 @@ COMPLEMENTARITY_SFT = grid.complementarity_sft_variants(config)
 
 rule complementarity:
     input:
-        expand(f"{RESULTS}/sft/{{{{model}}}}/{{{{ds}}}}/{{variant}}/DONE", variant=COMPLEMENTARITY_SFT),
-        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+        [str(LAYOUT.sft("{model}", "{ds}", v) / "DONE") for v in COMPLEMENTARITY_SFT],
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
     output:
-        multiext(f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}", ".json", ".png", ".pdf"),
+        [str(LAYOUT.complementarity("{model}", "{ds}", ext)) for ext in ("json", "png", "pdf")],
     params:
         cfg=lambda w: cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward", dataset=w.ds),
-        model=",".join(f"{RESULTS}/sft/{{model}}/{{ds}}/{v}/model" for v in COMPLEMENTARITY_SFT),
+        model=",".join(str(LAYOUT.sft("{model}", "{ds}", v) / "model") for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
         env=job_env,
         data=DATA,
-        out=f"{RESULTS}/analysis/complementarity/{{model}}_{{ds}}",
+        out=str(LAYOUT.complementarity("{model}", "{ds}")).removesuffix(".json"),
     threads: config["threads"]
     resources:
         gpu=GPU,

@@ -6,10 +6,10 @@
 
 rule calibrate:
     input:
-        f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/DONE",
-        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+        str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
     output:
-        f"{RESULTS}/calibration/{{model}}/{{ds}}/{{variant}}.json",
+        str(LAYOUT.calibration("{model}", "{ds}", "{variant}")),
     params:
         # of the report section only the headline expert (whose greedy accuracy is measured): adding a
         # replicate or a stages run to the report must rerun the report alone
@@ -19,7 +19,7 @@ rule calibrate:
         ),
         experts=variant_experts,
         env=job_env,
-        model=f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/model",
+        model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
         data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data",  # its training questions are the seed's
     threads: config["threads"]
     resources:

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import checks, grid  # noqa: E402
+from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
 
 # The config checked (its defaults filled in), a target naming what the config lacks refused, and a
 # real or GPU run's needs, cost and refusals said: plan/checks.py, before anything else.
@@ -24,10 +25,13 @@ N_EXPERTS = len(prompts_of(config))
 
 PROFILE = config["profile"]
 WORLD = config["world"]
-RESULTS = f"results/{PROFILE}"
-REPORT = f"report/{PROFILE}"
+# Every result path is Layout's (pipeline/meml/plan/layout.py); with wildcards for names, its paths
+# are the rules' patterns (W: {model}, {ds}, {method}, {seed}).
+LAYOUT = Layout.of(config)
+W = WILDCARD_CELL
+REPORT = str(report_dir(config))
 LOGS = f"logs/{PROFILE}"
-DATA = f"{RESULTS}/{WORLD}/data"  # the prepared data sets of this world (every test split is read here)
+DATA = str(LAYOUT.data_root(WORLD))  # the prepared data sets of this world (every test split is read here)
 DATASETS = config["grid"]["datasets"]
 MODELS = grid.models(config)
 CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
@@ -123,13 +127,13 @@ def seed_world(seed):
     """The world folder grid seed `seed` trains on: its own where seeds redraw the data
     (results/<profile>/toy/seed3; grid.seeds_vary: data), else the shared one."""
     sub = grid.data_folder(config, None if seed in (None, "") else int(seed))
-    return f"{RESULTS}/{WORLD}/{sub}".rstrip("/")
+    return str(LAYOUT.world(WORLD, sub))
 
 
 def seed_world_files(seed):
     """What a seed's own world is made of, as inputs (its data sets' splits and trajectories)."""
     world = seed_world(seed)
-    if world == f"{RESULTS}/{WORLD}":
+    if world == str(LAYOUT.world(WORLD)):
         return []
     return [
         *expand(f"{world}/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
@@ -151,7 +155,7 @@ def variant_seed(wildcards):
 def rl_run_dir(wildcards):
     """A cell's RL run folder, quoted for the shell."""
     w = wildcards
-    return shlex.quote(f"{RESULTS}/rl/{w.model}/{w.ds}/{w.method}/seed{w.seed}")
+    return shlex.quote(str(LAYOUT.rl(grid.Cell(w.model, w.ds, w.method, w.seed))))
 
 
 def base_model_files(wildcards):
@@ -159,7 +163,7 @@ def base_model_files(wildcards):
     seeds retrain pretraining), or nothing for a hub id."""
     variant = getattr(wildcards, "variant", None)
     folder = grid.base_folder(config, wildcards.model, grid.run_seed(variant) if variant else None)
-    return [f"{RESULTS}/models/{folder}/config.json"] if folder else []
+    return [str(LAYOUT.models / folder / "config.json")] if folder else []
 
 
 def byo_file(wildcards):

@@ -4,11 +4,11 @@
 
 rule toy_world:
     output:
-        expand(f"{RESULTS}/toy/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
-        expand(f"{RESULTS}/toy/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
+        expand(str(LAYOUT.data("toy", "{ds}") / "{split}.jsonl"), ds=DATASETS, split=["train", "test"]),
+        expand(str(LAYOUT.experts("toy", "{ds}") / "e{k}.jsonl"), ds=DATASETS, k=ALL_EXPERTS),
     params:
         cfg=cli_config("seed", "toy", "experts"),
-        out=f"{RESULTS}/toy",
+        out=str(LAYOUT.world("toy")),
     log:
         f"{LOGS}/toy_world.log",
     shell:
@@ -19,11 +19,12 @@ rule toy_seed_world:
     # grid.seeds_vary: data: grid seed k's own training questions and trajectories, drawn beside the
     # shared world's test questions (and StrategyQA's creatures), which it repeats
     output:
-        expand(f"{RESULTS}/toy/seed{{{{seed}}}}/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]),
-        expand(f"{RESULTS}/toy/seed{{{{seed}}}}/experts/{{ds}}/e{{k}}.jsonl", ds=DATASETS, k=ALL_EXPERTS),
+        # {{seed}}: a wildcard that expand() leaves in place
+        expand(str(LAYOUT.data("toy", "{ds}", "seed{{seed}}") / "{split}.jsonl"), ds=DATASETS, split=["train", "test"]),
+        expand(str(LAYOUT.experts("toy", "{ds}", "seed{{seed}}") / "e{k}.jsonl"), ds=DATASETS, k=ALL_EXPERTS),
     params:
         cfg=cli_config("seed", "toy", "experts", only={"grid": ["datasets"]}),
-        out=lambda w: f"{RESULTS}/toy/seed{w.seed}",
+        out=lambda w: str(LAYOUT.world("toy", f"seed{w.seed}")),
     log:
         f"{LOGS}/toy_world/seed{{seed}}.log",
     shell:
@@ -37,7 +38,7 @@ rule toy_stats:
         f"{REPORT}/toy_stats.md",
         f"{REPORT}/toy_stats.json",
     params:
-        root=f"{RESULTS}/toy",
+        root=str(LAYOUT.world("toy")),
         out=f"{REPORT}/toy_stats",
     log:
         f"{LOGS}/toy_stats.log",
@@ -47,11 +48,11 @@ rule toy_stats:
 
 rule prepare_real:
     output:
-        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
-        f"{RESULTS}/real/data/{{ds}}/test.jsonl",
+        str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
+        str(LAYOUT.data("real", "{ds}") / "test.jsonl"),
     params:
         cfg=cli_config("data"),
-        out=f"{RESULTS}/real/data",
+        out=str(LAYOUT.data_root("real")),
     log:
         f"{LOGS}/prepare/{{ds}}.log",
     shell:

@@ -4,10 +4,10 @@
 
 rule evaluate:
     input:
-        f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
-        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+        str(LAYOUT.rl(W) / "DONE"),
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
     output:
-        f"{RESULTS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.json",
+        str(LAYOUT.eval(W)),
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", "mlflow", dataset=w.ds
@@ -33,7 +33,7 @@ rule evaluate:
 def base_model_path(wildcards):
     """The model a grid model starts from, as the eval CLI takes it: its built folder or its hub id."""
     folder = grid.base_folder(config, wildcards.model)  # the first seed's where seeds retrain pretraining
-    return shlex.quote(f"{RESULTS}/models/{folder}" if folder else str(config["models"][wildcards.model]["source"]))
+    return shlex.quote(str(LAYOUT.models / folder) if folder else str(config["models"][wildcards.model]["source"]))
 
 
 # The base model before any training (eval.base), zero-shot under every expert's prompt, the same
@@ -41,9 +41,9 @@ def base_model_path(wildcards):
 rule evaluate_base:
     input:
         base_model_files,
-        test=f"{RESULTS}/{WORLD}/data/{{ds}}/test.jsonl",
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
     output:
-        f"{RESULTS}/eval/{{model}}/{{ds}}/base.json",
+        str(LAYOUT.eval_base("{model}", "{ds}")),
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", dataset=w.ds

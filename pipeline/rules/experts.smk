@@ -7,12 +7,12 @@
 
 rule gold_expert:
     input:
-        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+        str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
     output:
-        f"{RESULTS}/real/experts/{{ds}}/e0.jsonl",
+        str(LAYOUT.experts("real", "{ds}") / "e0.jsonl"),
     params:
-        data=f"{RESULTS}/real/data/{{ds}}",
-        out=f"{RESULTS}/real/experts/{{ds}}",
+        data=str(LAYOUT.data("real", "{ds}")),
+        out=str(LAYOUT.experts("real", "{ds}")),
     log:
         f"{LOGS}/experts/{{ds}}_e0.log",
     shell:
@@ -22,11 +22,11 @@ rule gold_expert:
 rule teacher_trajectories:
     input:
         byo_file,
-        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+        str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
         rules.mlflow_store.output,
     output:
-        f"{RESULTS}/real/experts/{{ds}}/e{{k}}.jsonl",
-        f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json",
+        str(LAYOUT.experts("real", "{ds}") / "e{k}.jsonl"),
+        str(LAYOUT.experts("real", "{ds}") / "e{k}.stats.json"),
     wildcard_constraints:
         k=r"[1-9]\d*",
     params:
@@ -43,12 +43,12 @@ rule teacher_trajectories:
 
 rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from the gold rationales
     input:
-        f"{RESULTS}/real/data/{{ds}}/train.jsonl",
+        str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
     output:
-        f"{RESULTS}/standin_byo/{{ds}}/e{{k}}.jsonl",
+        str(LAYOUT.standin_byo() / "{ds}" / "e{k}.jsonl"),
     params:
-        data=f"{RESULTS}/real/data/{{ds}}",
-        out=f"{RESULTS}/standin_byo",
+        data=str(LAYOUT.data("real", "{ds}")),
+        out=str(LAYOUT.standin_byo()),
     log:
         f"{LOGS}/experts/{{ds}}_e{{k}}_standin_byo.log",
     shell:

@@ -38,11 +38,11 @@ def folder_seed(wildcards):
 rule tiny_model:
     input:
         rules.toy_world.output if WORLD == "toy" else expand(
-            f"{RESULTS}/real/data/{{ds}}/{{split}}.jsonl", ds=DATASETS, split=["train", "test"]
+            str(LAYOUT.data("real", "{ds}") / "{split}.jsonl"), ds=DATASETS, split=["train", "test"]
         ),
         lambda w: seed_world_files(folder_seed(w)),  # the seed's own world (grid.seeds_vary: data)
     output:
-        f"{RESULTS}/models/{{folder}}/config.json",
+        str(LAYOUT.models / "{folder}" / "config.json"),
     wildcard_constraints:
         # where seeds retrain pretraining, each seed's own below seed<k>/ (grid.base_folder)
         folder=(r"(seed\d+/)?" if grid.varies(config, "pretrain") else "")
@@ -54,7 +54,7 @@ rule tiny_model:
         seed=tiny_folder_seed,
         env=job_env,
         root=lambda w: seed_world(folder_seed(w)),
-        out=lambda w: f"{RESULTS}/models/{w.folder.rpartition('/')[0]}".rstrip("/"),
+        out=lambda w: str(LAYOUT.models / w.folder.rpartition("/")[0]),
     # pretraining (toy.pretrain.steps) is minutes of compute with nothing beside it: every core
     threads: workflow.cores if config["toy"]["pretrain"]["steps"] else config["threads"]
     log:
@@ -69,7 +69,7 @@ rule gguf_model:
     # $MEML_CACHE_DIR or ~/.cache/meml, or a local file), checked by SHA-256 and de-quantized into
     # an ordinary float32 model folder: from here on it is what a hub id would give.
     output:
-        f"{RESULTS}/models/{{folder}}/config.json",
+        str(LAYOUT.models / "{folder}" / "config.json"),
     wildcard_constraints:
         folder="|".join(re.escape(f) for f in GGUF_FOLDERS) or "(?!)",
     params:
@@ -78,7 +78,7 @@ rule gguf_model:
         )),
         key=lambda w: f"models.{GGUF_FOLDERS[w.folder]}",
         env=job_env,
-        out=lambda w: f"{RESULTS}/models/{w.folder}",
+        out=lambda w: str(LAYOUT.models / w.folder),
     threads: config["threads"]
     log:
         f"{LOGS}/gguf_models/{{folder}}.log",
@@ -90,14 +90,14 @@ rule hub_model:
     # A hub model at its pinned commit (models.<m>.revision), downloaded once; every stage starts
     # from this folder, never from whatever the hub holds on the day a job starts.
     output:
-        f"{RESULTS}/models/{{folder}}/config.json",
+        str(LAYOUT.models / "{folder}" / "config.json"),
     wildcard_constraints:
         folder="|".join(re.escape(f) for f in HUB_FOLDERS) or "(?!)",
     params:
         source=lambda w: shlex.quote(str(config["models"][HUB_FOLDERS[w.folder]]["source"])),
         revision=lambda w: config["models"][HUB_FOLDERS[w.folder]]["revision"],
         key=lambda w: f"models.{HUB_FOLDERS[w.folder]}",
-        out=lambda w: f"{RESULTS}/models/{w.folder}",
+        out=lambda w: str(LAYOUT.models / w.folder),
     log:
         f"{LOGS}/hub_models/{{folder}}.log",
     shell:

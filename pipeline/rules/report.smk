@@ -2,6 +2,7 @@
 # from the result files; also logged to MLflow. `snakemake --report report/report.html` collects
 # the outputs marked report() below, with their captions from pipeline/report/.
 
+from meml.plan.layout import RESULTS as RESULTS_ROOT  # noqa: E402
 from meml.plan.layout import replicate_eval, replicates_on_disk  # noqa: E402
 
 # The other runs of this study the report pools: those whose every evaluation is on disk now
@@ -18,38 +19,37 @@ TABLES = (
 )
 
 
-COMPLEMENTARITY = [f"{m}_{ds}" for m in grid.complementarity_models(config) for ds in DATASETS]
+COMPLEMENTARITY_RUNS = [(m, ds) for m in grid.complementarity_models(config) for ds in DATASETS]
+COMPLEMENTARITY = [f"{m}_{ds}" for m, ds in COMPLEMENTARITY_RUNS]  # the report's figure names
 
 
 rule report:
     input:
-        evals=[f"{RESULTS}/eval/{c.path}.json" for c in CELLS],
-        curves=[f"{RESULTS}/rl/{c.path}/DONE" for c in CELLS],
-        complementarity=expand(f"{RESULTS}/analysis/complementarity/{{name}}.json", name=COMPLEMENTARITY),
+        evals=[str(LAYOUT.eval(c)) for c in CELLS],
+        curves=[str(LAYOUT.rl(c) / "DONE") for c in CELLS],
+        complementarity=[str(LAYOUT.complementarity(m, ds)) for m, ds in COMPLEMENTARITY_RUNS],
         mlflow=rules.mlflow_store.output,
-        base=expand(f"{RESULTS}/eval/{{model}}/{{ds}}/base.json", model=grid.models(config), ds=DATASETS)
-        if config["eval"]["base"]
-        else [],
-        calibration=[f"{RESULTS}/calibration/{m}/{ds}/{v}.json" for m, ds, v in grid.calibrated(config)],
+        base=[str(LAYOUT.eval_base(m, ds)) for m in grid.models(config) for ds in DATASETS] if config["eval"]["base"] else [],
+        calibration=[str(LAYOUT.calibration(m, ds, v)) for m, ds, v in grid.calibrated(config)],
         # the replicates' evaluations (report.replicates, those on disk: REPLICATES): runs of their own
         # profile; no rule here writes them, so a replicate run only in part stops the report with a path
         replicates=[str(replicate_eval(name, c)) for name in REPLICATES for c in CELLS],
         # the runs of this grid whose seeds retrain less (report.stages), made the same way
         stages=[
-            f"results/{name}/{kind}"
+            str(path)
             for name in config["report"]["stages"].values()
             for c in CELLS
-            for kind in (f"eval/{c.path}.json", f"rl/{c.path}/DONE")
+            for path in (Layout.of(config, RESULTS_ROOT / name).eval(c), Layout.of(config, RESULTS_ROOT / name).rl(c) / "DONE")
         ]
         + [  # the pretrain and SFT runs' own SFT models: their DONE files say which base each started from
-            f"results/{config['report']['stages'][key]}/sft/{m}/{ds}/{run}/DONE"
+            str(Layout.of(config, RESULTS_ROOT / config["report"]["stages"][key]).sft(m, ds, run) / "DONE")
             for key in ("pretrain", "sft")
             if key in config["report"]["stages"]
             for m, ds, run in grid.calibrated(config)
         ],
         reference=project_file(config["report"]["reference"]),
         claims=project_file(config["report"]["claims"]),
-        teachers=expand(f"{RESULTS}/real/experts/{{ds}}/e{{k}}.stats.json", ds=DATASETS, k=ALL_EXPERTS[1:])
+        teachers=expand(str(LAYOUT.experts("real", "{ds}") / "e{k}.stats.json"), ds=DATASETS, k=ALL_EXPERTS[1:])
         if WORLD == "real"
         else [],
     output:
@@ -82,7 +82,7 @@ rule report:
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
             "calibration", "eval", shown=True, replicates=REPLICATES
         ),
-        results=RESULTS,
+        results=str(LAYOUT.root),
         out=REPORT,
     log:
         f"{LOGS}/report.log",

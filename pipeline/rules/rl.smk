@@ -5,17 +5,17 @@
 
 rule rl:
     input:
-        sft=lambda w: f"{RESULTS}/sft/{w.model}/{w.ds}/{sft_variant(w)}/DONE",
+        sft=lambda w: str(LAYOUT.sft(w.model, w.ds, sft_variant(w)) / "DONE"),
         # the gate set to stop holds RL back until its model is measured; a warning (the default)
         # does not, so changing what the gate measures never retrains a cell
         calibration=lambda w: (
-            f"{RESULTS}/calibration/{w.model}/{w.ds}/{sft_variant(w)}.json"
+            str(LAYOUT.calibration(w.model, w.ds, sft_variant(w)))
             if config["calibration"]["gate"] == "stop"
             else []
         ),
         mlflow=rules.mlflow_store.output,
     output:
-        f"{RESULTS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}/DONE",
+        str(LAYOUT.rl(W) / "DONE"),
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",

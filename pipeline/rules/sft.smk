@@ -11,7 +11,7 @@ rule sft:
         data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data/{w.ds}/train.jsonl",
         experts=lambda w: expand(f"{seed_world(grid.run_seed(w.variant))}/experts/{w.ds}/e{{k}}.jsonl", k=ALL_EXPERTS),
     output:
-        f"{RESULTS}/sft/{{model}}/{{ds}}/{{variant}}/DONE",
+        str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
     params:
         cfg=cli_config(
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "experts",

@@ -4,7 +4,7 @@
 
 rule mlflow_store:
     output:
-        f"{RESULTS}/mlflow_experiment.json",
+        str(LAYOUT.mlflow_marker),
     params:
         cfg=cli_config("profile", "mlflow"),
     log:

@@ -1,5 +1,5 @@
-"""Where every file of a profile lives: the one place in the package that spells the results layout
-(the Snakemake rules spell the same paths as their inputs and outputs).
+"""Where every file of a profile lives: the one place that spells the results layout (the Snakemake
+rules take their inputs' and outputs' paths from here too, with wildcards for names: WILDCARD_CELL).
 
     results/<profile>/
         <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
@@ -28,6 +28,8 @@ from meml.core.io import DataError
 from meml.plan.grid import Cell, base_folder
 
 RESULTS = Path("results")  # relative to the folder Snakemake runs in
+# A cell whose names are Snakemake's wildcards: Layout's paths for it are the rules' patterns.
+WILDCARD_CELL = Cell("{model}", "{ds}", "{method}", "{seed}")  # type: ignore[arg-type]
 AGREEMENT = RESULTS / "agreement"  # `meml agreement`: the checker against the real rationales
 
 
@@ -77,9 +79,17 @@ class Layout:
     def eval(self, cell: Cell) -> Path:
         return self.root / "eval" / f"{cell.path}.json"
 
+    def eval_base(self, model: str, dataset: str) -> Path:
+        """The base model's evaluation before any training (eval.base)."""
+        return self.root / "eval" / model / dataset / "base.json"
+
     def complementarity(self, model: str, dataset: str, ext: str = "json") -> Path:
         """The analysis's .json, .png or .pdf (beside each other)."""
         return self.root / "analysis" / "complementarity" / f"{model}_{dataset}.{ext}"
+
+    def standin_byo(self) -> Path:
+        """real-smoke's bring-your-own trajectory files (<ds>/e<k>.jsonl inside), written by the workflow."""
+        return self.root / "standin_byo"
 
     @property
     def mlflow_marker(self) -> Path:
