@@ -217,6 +217,7 @@ def measure_checkout(checkout: str | Path, kind: str, args: argparse.Namespace) 
         "iml_pairs_per_step": statistics.mean(r["iml/pairs"] for r in rows),
         "hsft_flushes": rows[-1]["hsft/flushes"],
         "completion_tokens_mean": statistics.mean(r["completion/length_mean"] for r in rows),
+        "metric_names": sorted(rows[0]),  # what that checkout's loop logs (its own code ran, not this one)
     }
 
 

@@ -47,5 +47,7 @@ def test_the_benchmark_runs_against_a_checkout_from_before_the_typed_settings(
             result = _bench().measure_checkout(checkout, kind, args)  # type: ignore[attr-defined]
             assert result["kind"] == f"then-{kind}" and len(result["step_seconds"]) == 1
             assert result["step_seconds"][0] > 0 and result["completion_tokens_mean"] <= 8 + 1
+            # the old checkout's own loop ran: it logged no sampler gap, which came later
+            assert "reward/mean" in result["metric_names"] and "sampler_gap/mean" not in result["metric_names"]
     finally:
         subprocess.run(["git", "-C", str(PROJECT), "worktree", "remove", "--force", str(checkout)], capture_output=True)
