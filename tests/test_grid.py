@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import PROJECT
 
-from meml.core.config import load_config
+from meml.core.config import load_config, run_settings
 from meml.core.io import DataError
 from meml.data.tiny_models import tiny_arch
 from meml.plan import grid
@@ -113,13 +113,15 @@ def test_a_method_can_override_rl_settings() -> None:
     assert rl["buffer"]["threshold"] == cfg["rl"]["buffer"]["threshold"] and rl["steps"] == cfg["rl"]["steps"]
     assert grid.method_rl(cfg, "MEML-GRPO") == cfg["rl"]
     cell = grid.Cell("qwen2", "gsm8k", "Matched", 0)
-    assert grid.cell_params(cfg, cell)["rl"]["spread"] == "per_expert"
+    assert grid.cell_values(cfg, cell)["rl"]["spread"] == "per_expert"
     grid.check(cfg, 3)
-    bad = load_config(
-        overrides={"methods.Matched": {**per_expert, "rl": {"spread": "everyone"}}, "extras.methods": ["Matched"]}
-    )
+    # a layer over `rl` is checked where the config is loaded, once, naming its key
     with pytest.raises(DataError, match=r"'methods\.Matched\.rl\.spread'"):
-        grid.check(bad, 3)
+        load_config(
+            overrides={"methods.Matched": {**per_expert, "rl": {"spread": "everyone"}}, "extras.methods": ["Matched"]}
+        )
+    with pytest.raises(DataError, match=r"'rl_by_dataset\.mathqa\.max_new_tokens'"):
+        load_config(overrides={"rl_by_dataset.mathqa": {"max_new_tokens": "long"}})
 
 
 def test_schema_rejects_an_unknown_switch_value_by_key() -> None:
@@ -156,7 +158,7 @@ def test_evaluation_runs_as_long_as_rl_on_each_data_set() -> None:
     fixed = load_config(overrides={"eval.max_new_tokens": 512})
     assert grid.eval_max_new_tokens(fixed, "strategyqa") == 512
     assert grid.method_rl(cfg, "MEML-GRPO", "gsm8k")["max_new_tokens"] == 384  # rl_by_dataset reaches the cell
-    assert grid.cell_params(cfg, grid.Cell("qwen2", "mathqa", "MEML-GRPO", 0))["rl"]["max_new_tokens"] == 256
+    assert grid.cell_values(cfg, grid.Cell("qwen2", "mathqa", "MEML-GRPO", 0))["rl"]["max_new_tokens"] == 256
 
 
 def _chain(vary: list[str], seeds: list[int] | None = None) -> dict:
@@ -169,7 +171,7 @@ def test_seeds_that_vary_rl_only_share_the_sft_runs_and_the_base() -> None:
     cfg = _chain(["rl"])
     assert grid.sft_variants(cfg) == ["e0-e1-e2", "e1"]
     assert grid.sft_run(cfg, [0, 1, 2], 2) == "e0-e1-e2" and grid.base_folder(cfg, "qwen2", 2) == "qwen2"
-    assert "seeds_vary" not in grid.cell_params(cfg, grid.cells(cfg)[0])  # the default's cell keys stay as they were
+    assert "seeds_vary" not in grid.cell_values(cfg, grid.cells(cfg)[0])  # the default's cell keys stay as they were
     assert grid.stage_seed(cfg, None) == 0
 
 
@@ -186,7 +188,7 @@ def test_seeds_that_vary_the_whole_chain_get_their_own_sft_runs_and_base() -> No
     assert grid.stage_seed({**cfg, "seed": 1}, 2) == 2001
     assert grid.run_seed("e0-e1-e2/seed12") == 12 and grid.run_seed("e1") is None
     assert grid.run_experts("e0-e1-e2/seed12") == [0, 1, 2]
-    assert grid.cell_params(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["pretrain", "sft", "rl"]
+    assert grid.cell_values(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["pretrain", "sft", "rl"]
 
 
 def test_sft_seeds_keep_the_shared_base_and_a_gguf_base_is_never_retrained() -> None:
@@ -207,7 +209,7 @@ def test_data_seeds_train_on_their_own_world_and_test_on_the_shared_one() -> Non
     shared_base = _chain(["data", "sft", "rl"])  # the seeds' own data, SFT and RL from one pretrained base
     grid.check(shared_base, 3)
     assert grid.data_folder(shared_base, 3) == "seed3" and grid.base_folder(shared_base, "qwen2", 3) == "qwen2"
-    assert grid.cell_params(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["data", "pretrain", "sft", "rl"]
+    assert grid.cell_values(cfg, grid.cells(cfg)[0])["seeds_vary"] == ["data", "pretrain", "sft", "rl"]
     real = load_config(PROJECT / "config" / "real-model.yaml", {"grid.seeds_vary": ["data", "pretrain", "sft", "rl"]})
     with pytest.raises(DataError, match="only the toy world"):
         grid.check(real, 3)
@@ -223,15 +225,15 @@ def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: lis
 
 
 def test_how_a_job_checkpoints_is_no_part_of_a_cell() -> None:
-    """grid.RUN_KEYS (whether the last RL checkpoint is kept, how often SFT checkpoints) define no
+    """core/config.RUN_KEYS (whether the last RL checkpoint is kept, how often SFT checkpoints) define no
     cell; every other key of the rl and sft sections does."""
     kept = load_config(None, {"rl.keep_checkpoints": True, "sft.checkpoint_every": 200})
     dropped = load_config(None, {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0})
     cell = grid.cells(kept)[0]
-    assert grid.cell_params(kept, cell) == grid.cell_params(dropped, cell)
-    assert "keep_checkpoints" not in grid.cell_params(kept, cell)["rl"]
-    assert "checkpoint_every" not in grid.cell_params(kept, cell)["sft"]
-    assert grid.run_settings(dropped) == {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0}
+    assert grid.cell_values(kept, cell) == grid.cell_values(dropped, cell)
+    assert "keep_checkpoints" not in grid.cell_values(kept, cell)["rl"]
+    assert "checkpoint_every" not in grid.cell_values(kept, cell)["sft"]
+    assert run_settings(dropped) == {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0}
     other = load_config(None, {"sft.lr": 1e-4})
-    assert grid.cell_params(other, cell) != grid.cell_params(kept, cell)
+    assert grid.cell_values(other, cell) != grid.cell_values(kept, cell)
     assert load_config(PROJECT / "config" / "paper.yaml")["rl"]["keep_checkpoints"] is False

@@ -58,6 +58,7 @@ def test_sft_killed_after_a_checkpoint_resumes_to_the_uninterrupted_weights(
 
 
 def test_sft_starts_over_when_what_defines_the_run_changed(small_world: Path, tiny: Path, tmp_path: Path) -> None:
+    from meml.core.environment import weights_sha256
     from meml.training.sft import resumable_checkpoint, run_identity
 
     run = tmp_path / "run"
@@ -68,8 +69,10 @@ def test_sft_starts_over_when_what_defines_the_run_changed(small_world: Path, ti
     (run / "work/checkpoint-5/trainer_state.json").write_text('{"global_st')  # cut short by a kill
     assert resumable_checkpoint(run / "work", identity) is None
     rows = [{"messages": [{"role": "user", "content": "q"}]}]
-    assert run_identity(tiny, rows, {"lr": 1, "checkpoint_every": 5}) == run_identity(tiny, rows, {"lr": 1})
-    assert run_identity(tiny, rows, {"lr": 1}) != run_identity(tiny, rows, {"lr": 2})
+    start = weights_sha256(tiny)
+    assert run_identity(start, rows, {"lr": 1, "checkpoint_every": 5}) == run_identity(start, rows, {"lr": 1})
+    assert run_identity(start, rows, {"lr": 1}) != run_identity(start, rows, {"lr": 2})
+    assert run_identity(start, rows, {"lr": 1}) != run_identity("other weights", rows, {"lr": 1})
 
 
 def test_complementarity_killed_after_a_chunk_resumes_to_the_same_figures(

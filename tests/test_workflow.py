@@ -168,7 +168,7 @@ def test_changing_how_the_report_decides_reruns_only_the_report(smoke_run: Path)
 
 
 def test_changing_how_jobs_checkpoint_reruns_nothing(smoke_run: Path) -> None:
-    """grid.RUN_KEYS reach the jobs on the shell line, outside the params Snakemake compares; the
+    """core/config.RUN_KEYS reach the jobs on the shell line, outside the params Snakemake compares; the
     dry run's command lines carry the new values for the jobs that would run."""
     changed = smoke_run / "checkpoints.yaml"
     changed.write_text("rl: {keep_checkpoints: false}\nsft: {checkpoint_every: 7}\n")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meml import worker
+from meml.core.config import offline_env
 from meml.plan.layout import Layout
 
 _WORKER: dict[str, Any] = {}  # the worker process this run started, while it runs
@@ -50,9 +51,9 @@ def start(workflow: Any, config: dict[str, Any], gpus: int) -> None:
     if gpus:  # each job that takes GPUs records which it got (core/gpus.py)
         logs.mkdir(parents=True, exist_ok=True)
         os.environ["MEML_GPU_LOG"] = str(logs.resolve() / "gpus.jsonl")
-    offline = {"HF_HUB_OFFLINE": "1"} if config["world"] == "toy" else {}  # the toy world never touches the network
     socket = worker.socket_path()
-    _WORKER["process"] = worker.start(socket, {"TOKENIZERS_PARALLELISM": "false", **offline}, device=config["device"])
+    env = {"TOKENIZERS_PARALLELISM": "false", **offline_env(config)}
+    _WORKER["process"] = worker.start(socket, env, device=config["device"])
     _WORKER["socket"] = socket
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(socket)  # inherited by every local job

@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
+from meml.core.config import offline_env, run_settings, without_run_keys  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import checks, grid  # noqa: E402
 from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
@@ -54,7 +55,7 @@ MEML = f"{shlex.quote(sys.executable)} -m meml.run"
 # Snakemake's --resources gpu=K only counts. Empty without GPUs, so a CPU job's command is unchanged.
 ON_GPU = f"{shlex.quote(sys.executable)} -m meml.core.gpus {GPU}" if GPU else ""
 ON_GPUS = f"{shlex.quote(sys.executable)} -m meml.core.gpus {GPU * PROCESSES}" if GPU else ""
-OFFLINE = {"HF_HUB_OFFLINE": "1"} if WORLD == "toy" else {}  # the toy world never touches the network
+OFFLINE = offline_env(config)
 # A line per finished cell (pipeline/meml/progress.py): jobs done of total, time left, accuracy.
 PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
 PROGRESS_STATE = lifecycle.progress_file(config)
@@ -86,7 +87,7 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
     so editing one method or one teacher reruns only its jobs. A model's published figures and
     `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
     (turning eval.base on adds the base evaluations, nothing else). How a job runs, not what it
-    computes (grid.RUN_KEYS), is left out: RUN_SETTINGS carries it. A job of one data set (`dataset`)
+    computes (core/config.RUN_KEYS), is left out: RUN_SETTINGS carries it. A job of one data set (`dataset`)
     gets that data set's `rl_by_dataset` entry alone: editing another's reruns nothing of it."""
     chosen = {key: config[key] for key in sections}
     if "rl_by_dataset" in chosen and dataset is not None:
@@ -101,14 +102,14 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
         chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
     if replicates is not None:  # the report's: the replicates on disk (REPLICATES)
         chosen["report"] = {**chosen["report"], "replicates": replicates}
-    chosen = {k: grid.without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}
+    chosen = {k: without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}
     return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
 
 
-# How a job runs, not what it computes (grid.RUN_KEYS: the checkpoint settings), as `--set` options on
+# How a job runs, not what it computes (core/config.RUN_KEYS: the checkpoint settings), as `--set` options on
 # the SFT and RL jobs' shell lines: Snakemake compares a rule's params and its shell line's template,
 # never the values formatted into it, so changing one of these reruns nothing.
-RUN_SETTINGS = " ".join(f"--set {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in grid.run_settings(config).items())
+RUN_SETTINGS = " ".join(f"--set {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in run_settings(config).items())
 
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed

@@ -73,7 +73,26 @@ def validate(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
         first = errors[0]
         key = ".".join(str(p) for p in first.path) or "(top level)"
         raise DataError(f"invalid config: {first.message}", source, None, key)
+    _check_rl_layers(config, rules["properties"]["rl"], source)
     return config
+
+
+def _check_rl_layers(config: dict[str, Any], rl_schema: dict[str, Any], source: str) -> None:
+    """Each layer laid over `rl` (a data set's `rl_by_dataset` entry, a method's own `rl`) must give
+    settings that pass the schema of `rl` itself: checked here, once, so that every later reader of
+    method_rl trusts what it gets."""
+    import jsonschema
+
+    layers = [(f"rl_by_dataset.{ds}", dataset_rl(config, ds)) for ds in config.get("rl_by_dataset") or {}]
+    layers += [
+        (f"methods.{name}.rl", method_rl(config, name))
+        for name, entry in (config.get("methods") or {}).items()
+        if isinstance(entry, dict) and entry.get("rl")
+    ]
+    for where, merged in layers:
+        for err in jsonschema.Draft202012Validator(rl_schema).iter_errors(merged):
+            key = ".".join([where, *(str(p) for p in err.path)])
+            raise DataError(f"invalid RL setting: {err.message}", source, None, key)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -149,3 +168,34 @@ def method_rl(cfg: dict[str, Any], method: str, dataset: str | None = None) -> d
     """The RL settings a method runs with on a data set: `rl`, then the data set's `rl_by_dataset`
     entry, then the method's own `rl` overrides, each laid over the one before."""
     return deep_merge(dataset_rl(cfg, dataset), cfg["methods"][method].get("rl") or {})
+
+
+# Keys that say how a job runs, not what it computes: whether a finished RL cell keeps its last
+# checkpoint, how often SFT checkpoints. They define no cell and rerun no job: the workflow hands them
+# to the jobs on the shell line (rules/common.smk's RUN_SETTINGS), outside the params Snakemake compares.
+RUN_KEYS = ("rl.keep_checkpoints", "sft.checkpoint_every")
+
+
+def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config's RUN_KEYS, by dotted key."""
+    out = {}
+    for key in RUN_KEYS:
+        section, name = key.split(".")
+        out[key] = cfg[section][name]
+    return out
+
+
+def run_values(cfg: dict[str, Any], section: str) -> dict[str, Any]:
+    """One section's RUN_KEYS with their values: what a job adds to the cell's values to run."""
+    return {key.split(".")[1]: value for key, value in run_settings(cfg).items() if key.split(".")[0] == section}
+
+
+def without_run_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A config section's values less its RUN_KEYS: what a job's result depends on."""
+    names = {key.split(".")[1] for key in RUN_KEYS if key.split(".")[0] == section}
+    return {k: v for k, v in values.items() if k not in names}
+
+
+def offline_env(cfg: dict[str, Any]) -> dict[str, str]:
+    """The environment that keeps a job off the network: the toy world never touches a hub."""
+    return {"HF_HUB_OFFLINE": "1"} if cfg["world"] == "toy" else {}

@@ -44,9 +44,10 @@ def weights_sha256(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def environment_record(start_model: str | Path, device: str = "cpu") -> dict[str, Any]:
+def environment_record(start_model: str | Path, device: str = "cpu", start_sha256: str | None = None) -> dict[str, Any]:
     """The run's environment: CPU (and GPU where one is used), torch's thread count, library
-    versions, and the hash of the weights the run started from."""
+    versions, and the hash of the weights the run started from (`start_sha256` where the caller
+    hashed them already: a 1.5B model's weights take seconds to read)."""
     import torch
     import transformers
 
@@ -57,7 +58,7 @@ def environment_record(start_model: str | Path, device: str = "cpu") -> dict[str
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": device,
-        "start_weights_sha256": weights_sha256(start_model),
+        "start_weights_sha256": start_sha256 or weights_sha256(start_model),
     }
     if os.environ.get("MEML_DEVICES"):  # the GPUs meml.core.gpus gave the job (or MEML_SIMULATE_GPUS's)
         env["devices"] = os.environ["MEML_DEVICES"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from meml.core import tracking
 from meml.core.answers import RewardConfig
+from meml.core.config import run_values
 from meml.core.io import DataError
 from meml.core.precision import of_config
 from meml.core.records import check_dataset_name
@@ -15,10 +16,9 @@ from meml.data.experts import prompts_of
 from meml.plan.grid import (
     Cell,
     cell_key,
-    cell_params,
+    cell_values,
     check_method,
     data_folder,
-    method_rl,
     sft_run,
     sft_variant,
     stage_seed,
@@ -93,21 +93,22 @@ def rl(
         raise DataError("SFT model not found (run `meml sft` for this method first)", start)
     check_model_folder(start)  # weights present, and the SFT run that wrote them finished
     run = Path(out) if out else layout.rl(cell)
-    # the values that define the cell decide whether old checkpoints may be resumed, and are the
-    # MLflow run's params (the rest of the config may change without touching the run)
-    params = cell_params(cfg, cell)
+    # the one home of what defines the cell (plan/grid.cell_values): the RL loop's settings and the
+    # method's switches are taken from it, whole; it decides whether old checkpoints may be resumed,
+    # and is the MLflow run's params (the rest of the config may change without touching the run)
+    values = cell_values(cfg, cell)
     # a forced rerun (its DONE removed): the cell's evaluation belongs to the run being replaced
     evaluation = layout.eval(cell) if out is None else None
     stale = evaluation if evaluation and evaluation.is_file() and not (run / "DONE").is_file() else None
     asides = set((run / "previous").iterdir()) if (run / "previous").is_dir() else set()
     args = RLArgs(
-        RLSettings.from_config(method_rl(cfg, cell.method, cell.dataset)),
+        RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")}),
         method,
         cell.seed,
         prompts_of(cfg),
-        RewardConfig(cfg["reward"]["mode"], cfg["reward"]["format_bonus"]),
+        RewardConfig(values["reward"]["mode"], values["reward"]["format_bonus"]),
         of_config(cfg),
-        params,
+        values,
     )
     folder = data_folder(cfg, cell.seed)
     paths = RLPaths(
@@ -115,7 +116,7 @@ def rl(
     )
     where = {"model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed}
     logged = tracking.RunTracking(
-        cell_key(cfg, cell), {"cell": where, **params}, tracking.run_tags(cfg, cell), tracking.MLflowSettings.of(cfg)
+        cell_key(cfg, cell), {"cell": where, **values}, tracking.run_tags(cfg, cell), tracking.MLflowSettings.of(cfg)
     )
     summary = run_rl(args, paths, logged)
     new_aside = sorted(set((run / "previous").iterdir()) - asides) if (run / "previous").is_dir() else []

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from meml.core.config import dataset_rl, method_rl, rollouts_per_expert
+from meml.core.config import dataset_rl, method_rl, rollouts_per_expert, without_run_keys
 from meml.core.io import DataError
 from meml.data.tiny_models import folder_name, tiny_arch
 
@@ -215,28 +215,7 @@ def complementarity_models(cfg: dict[str, Any]) -> list[str]:
     return [m for m in models(cfg) if chosen is None or m in chosen]
 
 
-# Keys that say how a job runs, not what it computes: whether a finished RL cell keeps its last
-# checkpoint, how often SFT checkpoints. They define no cell and rerun no job: the workflow hands them
-# to the jobs on the shell line (common.smk, RUN_SETTINGS), outside the params Snakemake compares.
-RUN_KEYS = ("rl.keep_checkpoints", "sft.checkpoint_every")
-
-
-def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config's RUN_KEYS, by dotted key."""
-    out = {}
-    for key in RUN_KEYS:
-        section, name = key.split(".")
-        out[key] = cfg[section][name]
-    return out
-
-
-def without_run_keys(section: str, values: dict[str, Any]) -> dict[str, Any]:
-    """A config section's values less its RUN_KEYS: what a job's result depends on."""
-    names = {key.split(".")[1] for key in RUN_KEYS if key.split(".")[0] == section}
-    return {k: v for k, v in values.items() if k not in names}
-
-
-def cell_params(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
+def cell_values(cfg: dict[str, Any], cell: Cell) -> dict[str, Any]:
     """Every value that defines an RL cell's result. Snakemake reruns a cell when these change."""
     return {
         "world": cfg["world"],
@@ -267,7 +246,7 @@ def params_hash(params: dict[str, Any]) -> str:
 def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
     """The MLflow tag that finds a cell's run again: readable path plus a hash of its values,
     so a re-run with the same values reuses the run and changed values get a run of their own."""
-    return f"{cfg['profile']}/{cell.path}#{params_hash(cell_params(cfg, cell))}"
+    return f"{cfg['profile']}/{cell.path}#{params_hash(cell_values(cfg, cell))}"
 
 
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
@@ -348,7 +327,6 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
                     None,
                     f"teachers.e{k}.max_tokens",
                 )
-    _check_rl_by_dataset(cfg)
     check_lengths(cfg)
     for name in used_methods(cfg):
         check_method(cfg, name, n_prompts)
@@ -416,7 +394,6 @@ def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
                 None,
                 f"methods.{name}.{key}",
             )
-    _check_rl_override(cfg, name)
     for dataset in [None, *(cfg.get("rl_by_dataset") or {})]:
         rl = method_rl(cfg, name, dataset)
         rollouts_per_expert(int(rl["group_size"]), len(entry["rl_experts"]), rl["spread"], name)
@@ -431,31 +408,3 @@ def check_method(cfg: dict[str, Any], name: str, n_prompts: int) -> None:
         raise DataError(
             "a majority vote needs two or more evaluated experts", None, None, f"methods.{name}.eval_experts"
         )
-
-
-def _check_rl_override(cfg: dict[str, Any], name: str) -> None:
-    """A method's `rl` overrides, merged into `rl`, must pass the schema of `rl` itself."""
-    import jsonschema
-
-    from meml.core.config import schema as config_schema
-
-    if not cfg["methods"][name].get("rl"):
-        return
-    schema = config_schema()["properties"]["rl"]
-    for err in jsonschema.Draft202012Validator(schema).iter_errors(method_rl(cfg, name)):
-        key = ".".join([f"methods.{name}.rl", *(str(p) for p in err.path)])
-        raise DataError(f"invalid RL override: {err.message}", None, None, key)
-
-
-def _check_rl_by_dataset(cfg: dict[str, Any]) -> None:
-    """Each data set's `rl_by_dataset` entry, merged into `rl`, must pass the schema of `rl` itself
-    (checked once here, not again for every method)."""
-    import jsonschema
-
-    from meml.core.config import schema as config_schema
-
-    schema = config_schema()["properties"]["rl"]
-    for dataset in cfg.get("rl_by_dataset") or {}:
-        for err in jsonschema.Draft202012Validator(schema).iter_errors(dataset_rl(cfg, dataset)):
-            key = ".".join([f"rl_by_dataset.{dataset}", *(str(p) for p in err.path)])
-            raise DataError(f"invalid RL setting: {err.message}", None, None, key)

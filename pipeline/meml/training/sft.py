@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.attention import attention_kwargs
-from meml.core.environment import environment_record
+from meml.core.config import without_run_keys
+from meml.core.environment import environment_record, weights_sha256
 from meml.core.io import DataError, atomic_write_json, locked
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
@@ -138,14 +139,11 @@ def labelled_token_loss(model: Any, inputs: dict[str, Any], num_items_in_batch: 
     return -log_probs.sum() / torch.as_tensor(count).clamp(min=1), logits.detach()
 
 
-def run_identity(model_dir: str | Path, rows: list[dict[str, Any]], settings: dict[str, Any], **more: Any) -> str:
-    """A hash of what defines an SFT run: the start weights, the rows, the settings (how often it
-    checkpoints aside) and the rest (`more`: seed, precision, processes). A checkpoint made under
-    another identity is never resumed."""
-    from meml.core.environment import weights_sha256
-
-    defining = {k: v for k, v in settings.items() if k != "checkpoint_every"}
-    text = json.dumps([weights_sha256(model_dir), rows, defining, more], sort_keys=True, default=str)
+def run_identity(start_sha256: str, rows: list[dict[str, Any]], settings: dict[str, Any], **more: Any) -> str:
+    """A hash of what defines an SFT run: the start weights' hash, the rows, the settings (less how
+    the run is kept: core/config.RUN_KEYS) and the rest (`more`: seed, precision, processes). A
+    checkpoint made under another identity is never resumed."""
+    text = json.dumps([start_sha256, rows, without_run_keys("sft", settings), more], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -248,7 +246,8 @@ def run_sft(
     # the config's effective batch whatever the number of processes (accelerate sets WORLD_SIZE)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     per_device, micro_steps = per_process_batch(settings, processes)
-    identity = run_identity(model_dir, rows, settings, seed=seed, precision=precision, processes=processes)
+    start_sha256 = weights_sha256(model_dir)  # hashed once: the identity and the run's record
+    identity = run_identity(start_sha256, rows, settings, seed=seed, precision=precision, processes=processes)
     resume = resumable_checkpoint(work, identity)
     if resume is None and main_process:  # another run's checkpoints, or none: start over
         shutil.rmtree(work, ignore_errors=True)
@@ -282,7 +281,8 @@ def run_sft(
     trainer = _sft_trainer_class(precision.device)(
         model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
     )
-    environment = environment_record(model_dir, precision.device)  # what the numbers depend on besides the config
+    # what the numbers depend on besides the config
+    environment = environment_record(model_dir, precision.device, start_sha256)
     started = time.time()
     if resume is not None:
         print(f"SFT: resuming {out} from {resume.name}", file=sys.stderr)
