@@ -12,7 +12,8 @@ times by nature).
     python scripts/same_results.py BEFORE/results/toy AFTER/results/toy
 
 Prints a count per kind (identical, same but for timings, different, missing) and each differing
-file; exits 1 when any file differs or is missing.
+file, a JSON one with the keys where it differs (`sft.checkpoint_every`, `[3].reward/mean`: what
+changed, not just where); exits 1 when any file differs or is missing.
 """
 
 from __future__ import annotations
@@ -84,6 +85,31 @@ def parsed(path: Path, roots: tuple[str, ...]) -> Any:
     return without_place_or_time(json.loads(text), roots)
 
 
+def differing_keys(x: Any, y: Any, at: str = "") -> list[str]:
+    """The dotted paths at which two parsed JSON values differ (a key on one side only included)."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        out = []
+        for key in [*x, *(k for k in y if k not in x)]:
+            where = f"{at}.{key}" if at else str(key)
+            out += [where] if (key in x) != (key in y) else differing_keys(x[key], y[key], where)
+        return out
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return [k for i, (u, v) in enumerate(zip(x, y, strict=True)) for k in differing_keys(u, v, f"{at}[{i}]")]
+    return [] if x == y else [at or "(the whole value)"]
+
+
+def explained(name: str, a: Path, b: Path, roots: tuple[str, ...]) -> str:
+    """A differing file's name, with where a JSON file differs."""
+    if not (a.suffix in (".json", ".jsonl") or a.name == "DONE"):
+        return name
+    try:
+        keys = differing_keys(parsed(a, roots), parsed(b, roots))
+    except ValueError:  # not JSON after all
+        return name
+    shown = ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+    return f"{name} (at {shown})"
+
+
 def compare(a: Path, b: Path) -> dict[str, list[str]]:
     roots = tuple(str(p.resolve().parents[1]) for p in (a, b))  # the two checkouts' folders
     kinds: dict[str, list[str]] = {"identical": [], "same but for timings": [], "different": [], "missing": []}
@@ -99,7 +125,7 @@ def compare(a: Path, b: Path) -> dict[str, list[str]]:
         elif same_but_for_time(path, other, roots):
             kinds["same but for timings"].append(name)
         else:
-            kinds["different"].append(name)
+            kinds["different"].append(explained(name, path, other, roots))
     return kinds
 
 

@@ -36,7 +36,17 @@ def test_timings_are_set_aside_and_a_changed_number_is_not(tmp_path: Path) -> No
     other = _results(tmp_path / "c", 0.25, 1.0)  # another reward
     done = _run(first, other)
     assert done.returncode == 1
-    assert "different: rl/qwen2/gsm8k/MEML-GRPO/seed0/metrics.jsonl" in done.stdout
-    assert "different: rl/qwen2/gsm8k/MEML-GRPO/seed0/DONE" in done.stdout
+    assert "different: rl/qwen2/gsm8k/MEML-GRPO/seed0/metrics.jsonl (at [0].reward/mean)" in done.stdout
+    assert "different: rl/qwen2/gsm8k/MEML-GRPO/seed0/DONE (at reward_last)" in done.stdout
     (other / "rl/qwen2/gsm8k/MEML-GRPO/seed0/model.safetensors").unlink()
     assert "missing: rl/qwen2/gsm8k/MEML-GRPO/seed0/model.safetensors" in _run(first, other).stdout
+
+
+def test_a_differing_json_file_names_the_keys_that_differ(tmp_path: Path) -> None:
+    first, second = _results(tmp_path / "a", 0.5, 1.0), _results(tmp_path / "b", 0.5, 1.0)
+    cell = Path("rl/qwen2/gsm8k/MEML-GRPO/seed0/cell.json")
+    (first / cell).write_text(json.dumps({"sft": {"lr": 1e-4, "checkpoint_every": 200}, "seed": 0}))
+    (second / cell).write_text(json.dumps({"sft": {"lr": 1e-4}, "seed": 0}))  # a key on one side only
+    assert f"different: {cell.as_posix()} (at sft.checkpoint_every)" in _run(first, second).stdout
+    (second / cell).write_text(json.dumps({"sft": {"lr": 2e-4, "checkpoint_every": 200}, "seed": 1}))
+    assert f"different: {cell.as_posix()} (at sft.lr, seed)" in _run(first, second).stdout
