@@ -103,3 +103,30 @@ def test_a_data_sets_own_range_is_laid_over_the_common_one_and_named() -> None:
     for dataset, chance in (("strategyqa", 0.5), ("mathqa", 0.2)):
         own_ranges = ranges_for(shipped, dataset)[0]
         assert own_ranges["rollout_success"][0] > chance and own_ranges["greedy_accuracy"][0] > chance
+
+
+def test_mixed_groups_count_the_questions_whose_samples_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By hand: expert 0 gets (right, wrong), (right, right), (wrong, wrong) on three questions, so
+    one group in three has a non-zero advantage; expert 1 gets (wrong, right) twice and (right,
+    wrong) once: all three. Success 3/6 and 3/6, finished 5/6 and 6/6."""
+    from meml.core.records import Record
+    from meml.evaluation import calibration
+    from meml.training.rollout import Completion
+
+    records = [Record(f"q{i}", "gsm8k", "train", "q", "7", "", None, "toy") for i in range(3)]
+    said = {0: [("7", "8"), ("7", "7"), ("8", "8")], 1: [("8", "7"), ("8", "7"), ("7", "8")]}
+
+    class Scripted:
+        def generate(self, prompts: list, n: int, sampling: object) -> list:
+            assert len(prompts) == 6 and n == 2
+            texts = [pair for k in (0, 1) for pair in said[k]]
+            cut = {(0, 2, 0)}  # expert 0's first sample of question 2 ran to the cap
+            return [
+                [Completion([1, 2], f"The answer is {t}", (k, i % 3, j) not in cut) for j, t in enumerate(pair)]
+                for i, (k, pair) in enumerate(zip([0, 0, 0, 1, 1, 1], texts, strict=True))
+            ]
+
+    monkeypatch.setattr(calibration, "prompt_ids", lambda tokenizer, messages: [0])
+    out = calibration._sample(Scripted(), None, records, [0, 1], 2, None, ["a", "b"], "lenient")
+    assert out[0] == (3 / 6, 5 / 6, 2.0, 1 / 3)
+    assert out[1] == (3 / 6, 1.0, 2.0, 1.0)

@@ -87,6 +87,7 @@ def _write_results(cfg: dict, root: Path, e1_table: dict | None = None) -> None:
             "rollout_success": {"e0": 0.3, "e1": 0.25, "e2": 0.4} if moe else {"e1": 0.05},
             "finished": {"e0": 1.0, "e1": 0.97, "e2": 0.99} if moe else {"e1": 0.5},
             **({"mean_tokens": {"e0": 24.0, "e1": 108.4, "e2": 87.6}} if moe else {}),  # older files lack it
+            **({"mixed_groups": {"e0": 0.5, "e1": 0.625, "e2": 0.375}} if moe else {}),  # and this
             "greedy": {"expert": 1, "questions": 10, "accuracy": 0.3 if moe else 0.0},
             "answer_balance": None if ds == "gsm8k" else {"largest_class": "b", "largest_share": 0.24},
             "in_range": moe,
@@ -198,13 +199,14 @@ def test_calibration_table_and_warnings(built: tuple[dict, Path]) -> None:
     table = (out / "tables/calibration.md").read_text()
     assert _row(table, "GSM8K", "e0-e1-e2")[3:] == [
         "e0 30 · e1 25 · e2 40",
+        "e0 50 · e1 62 · e2 38",
         "97",
         "e0 24 · e1 108 · e2 88",
         "30.0",
         "–",
         "yes",
     ]
-    assert _row(table, "MathQA", "e1")[3:] == ["e1 5", "50", "–", "0.0", "b 24", "no"]
+    assert _row(table, "MathQA", "e1")[3:] == ["e1 5", "–", "50", "–", "0.0", "b 24", "no"]
     index = (out / "index.md").read_text()
     assert (
         "- qwen2/mathqa/e1: rollout success e1 5 (range 30-60); finished e1 50 (range 95-100); "

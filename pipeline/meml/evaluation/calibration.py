@@ -4,6 +4,9 @@ Measured on one SFT model (one model, data set and SFT variant), under each of i
     rollout_success[e]  share of correct samples on training questions, at RL's temperature and
                         length cap (GRPO starves near 0 and has nothing to learn near 1)
     finished[e]         share of those samples that ended within the cap (a cut answer scores 0)
+    mixed_groups[e]     share of training questions whose samples disagree, some right and some
+                        wrong: a GRPO group of that expert gets a non-zero advantage only then, so
+                        this is the share of RL's groups that carry a gradient (informative only)
     greedy_accuracy     the headline expert's greedy accuracy on test questions (evaluation's reading)
     answer_balance      the largest answer class's share of the test split (StrategyQA: a constant
                         answer scores it; MathQA: a constant letter does), for the chance level
@@ -43,20 +46,22 @@ class CalibrationError(DataError):
 
 def _sample(engine: Any, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
             sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, ...]]:  # fmt: skip
-    """expert -> (share correct, share finished, mean tokens) of n samples per record under that
-    expert's prompt; every expert's prompts go through the engine together (fewer, fuller batches)."""
+    """expert -> (share correct, share finished, mean tokens, share of records whose n samples
+    disagree) under that expert's prompt; every expert's prompts go through the engine together
+    (fewer, fuller batches)."""
     asked = [(k, r) for k in experts for r in records]
     outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
-    tally = {k: [0, 0, 0, 0] for k in experts}  # correct, finished, tokens, total
+    tally = {k: [0, 0, 0, 0, 0] for k in experts}  # correct, finished, tokens, total, records with mixed rewards
     for (k, record), samples in zip(asked, outs, strict=True):
-        for c in samples:
-            tally[k][0] += is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished)
-            tally[k][1] += c.finished
-            tally[k][2] += len(c.token_ids)
-            tally[k][3] += 1
+        right = [is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished) for c in samples]
+        tally[k][0] += sum(right)
+        tally[k][1] += sum(c.finished for c in samples)
+        tally[k][2] += sum(len(c.token_ids) for c in samples)
+        tally[k][3] += len(samples)
+        tally[k][4] += 0 < sum(right) < len(right)
     return {
-        k: (correct / total, finished / total, tokens / total)
-        for k, (correct, finished, tokens, total) in tally.items()
+        k: (correct / total, finished / total, tokens / total, mixed / (total / n))
+        for k, (correct, finished, tokens, total, mixed) in tally.items()
     }
 
 
@@ -103,15 +108,17 @@ def measure(
         "rollout_success": {},
         "finished": {},
         "mean_tokens": {},  # per expert: a MEF model that ignores its expert prompts writes one length for all
+        "mixed_groups": {},  # per expert: questions whose samples disagree (GRPO's signal)
     }
-    for k, (success, finished, tokens) in _sample(
+    for k, (success, finished, tokens, mixed) in _sample(
         engine, tokenizer, train, experts, samples, sampling, prompts, mode
     ).items():
         out["rollout_success"][f"e{k}"], out["finished"][f"e{k}"] = round(success, 4), round(finished, 4)
         out["mean_tokens"][f"e{k}"] = round(tokens, 1)
+        out["mixed_groups"][f"e{k}"] = round(mixed, 4)
     greedy = Sampling(sampling.max_new_tokens, greedy=True)
     shown = test[: test_questions or None]
-    accuracy, greedy_finished, _ = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
+    accuracy, greedy_finished, _, _ = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
     out["greedy"] = {"expert": headline, "questions": len(shown), "accuracy": round(accuracy, 4),
                      "finished": round(greedy_finished, 4)}  # fmt: skip
     out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None

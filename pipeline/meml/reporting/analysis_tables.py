@@ -141,8 +141,8 @@ def _truncated(cfg: dict[str, Any], method: str, rows: list[dict[str, float]]) -
 
 def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     """The gate's measurements of every MEF model RL starts from (calibration.py)."""
-    columns = ["rollout success", "finished (lowest)", "mean tokens", "greedy accuracy", "largest answer class",
-               "in range"]  # fmt: skip
+    columns = ["rollout success", "mixed groups", "finished (lowest)", "mean tokens", "greedy accuracy",
+               "largest answer class", "in range"]  # fmt: skip
     table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
                   [("measured", columns)])  # fmt: skip
     sampled = ""
@@ -155,6 +155,7 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
             [model_label(cfg, model), DATASET_TITLES[ds], variant],
             [
                 " · ".join(f"{e} {100 * v:.0f}" for e, v in c["rollout_success"].items()),
+                " · ".join(f"{e} {100 * v:.0f}" for e, v in c.get("mixed_groups", {}).items()) or MISSING,
                 f"{100 * min(c['finished'].values()):.0f}",
                 " · ".join(f"{e} {v:.0f}" for e, v in c.get("mean_tokens", {}).items()) or MISSING,
                 f"{100 * c['greedy']['accuracy']:.1f}",
@@ -165,7 +166,9 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap; "
-        "finished: the lowest expert's share ending within the cap; mean tokens: each expert's mean sample length "
+        "mixed groups: the questions whose samples disagree, some right and some wrong (only such a group gives "
+        "GRPO a non-zero advantage); finished: the lowest expert's share ending within the cap; mean tokens: each "
+        "expert's mean sample length "
         "(a MEF model that ignores its expert prompts writes one style, so one length, for all); greedy accuracy: "
         "the headline expert on the first test questions; largest answer class: its share of the test split (a "
         f"constant answer scores it). Gate: {cfg['calibration']['gate']}. Ranges (calibration.ranges, with "
