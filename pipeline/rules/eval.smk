@@ -60,3 +60,29 @@ rule evaluate_base:
     shell:
         "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+
+
+# Each SFT model an RL cell starts from (eval.sft), under every expert's prompt, with the cells' own
+# task, questions and cap: the learning table's other side (what RL added, paired by question).
+rule evaluate_sft:
+    input:
+        str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+    output:
+        str(LAYOUT.eval_sft("{model}", "{ds}", "{variant}")),
+    params:
+        cfg=lambda w: cli_config(
+            "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", dataset=w.ds
+        ),
+        experts=",".join(str(k) for k in ALL_EXPERTS),
+        model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
+        env=job_env,
+        data=DATA,
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/eval/{{model}}/{{ds}}/sft/{{variant}}.log",
+    shell:
+        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"

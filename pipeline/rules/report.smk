@@ -13,6 +13,7 @@ TABLES = (
     ["main", "ablation", "majority_vote", "complementarity", "sparsity", "calibration"]
     + (["teachers"] if WORLD == "real" else [])
     + (["base", "base_samples"] if config["eval"]["base"] else [])
+    + (["learning"] if config["eval"]["sft"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
     + (["replication"] if REPLICATES else [])
     + (["stages"] if config["report"]["stages"] else [])
@@ -31,6 +32,7 @@ rule report:
         mlflow=rules.mlflow_store.output,
         base=[str(LAYOUT.eval_base(m, ds)) for m in grid.models(config) for ds in DATASETS] if config["eval"]["base"] else [],
         calibration=[str(LAYOUT.calibration(m, ds, v)) for m, ds, v in grid.calibrated(config)],
+        sft_evals=[str(LAYOUT.eval_sft(m, ds, v)) for m, ds, v in grid.calibrated(config)] if config["eval"]["sft"] else [],
         # the replicates' evaluations (report.replicates, those on disk: REPLICATES): runs of their own
         # profile; no rule here writes them, so a replicate run only in part stops the report with a path
         replicates=[str(replicate_eval(name, c)) for name in REPLICATES for c in CELLS],

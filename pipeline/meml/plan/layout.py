@@ -83,6 +83,11 @@ class Layout:
         """The base model's evaluation before any training (eval.base)."""
         return self.root / "eval" / model / dataset / "base.json"
 
+    def eval_sft(self, model: str, dataset: str, variant: str) -> Path:
+        """An SFT model's evaluation, the start of the RL cells it feeds (eval.sft): sft/e0-e1-e2.json,
+        or sft/e0-e1-e2/seed3.json where seeds retrain SFT."""
+        return self.root / "eval" / model / dataset / "sft" / f"{variant}.json"
+
     def complementarity(self, model: str, dataset: str, ext: str = "json") -> Path:
         """The analysis's .json, .png or .pdf (beside each other)."""
         return self.root / "analysis" / "complementarity" / f"{model}_{dataset}.{ext}"

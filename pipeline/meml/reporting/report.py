@@ -68,6 +68,10 @@ def build(
         from meml.reporting.base_table import base_samples, base_table
 
         tables += [base_table(cfg, root), base_samples(cfg, root)]
+    if cfg["eval"].get("sft"):
+        from meml.reporting.learning import learning_table
+
+        tables.append(learning_table(cfg, results))
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     replication_lines: list[str] = []

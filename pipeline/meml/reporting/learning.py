@@ -1,0 +1,92 @@
+"""What RL added to the model it started from: each cell's held-out accuracy minus that of its MEF
+(or single-expert SFT) model, on the same test questions, under each evaluated expert's prompt.
+
+The SFT models are evaluated by the same lm-eval task, checker, questions and length cap as the
+cells (eval.sft: rule evaluate_sft). A cell's seed k is paired with the SFT model seed k started
+from (one shared model where seeds retrain RL only), question by question, so the difference's
+interval is stats.cell_estimate's: over seeds and questions, or over questions alone with one seed.
+IML's mechanism shows here if anywhere: the weaker experts' prompts should gain more than the
+strongest's, since IML pulls them towards its answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from meml.core.answers import answers_match
+from meml.core.io import DataError, read_json
+from meml.plan import grid
+from meml.reporting import stats
+from meml.reporting.results import Results
+from meml.reporting.tables import DATASET_TITLES, MISSING, Table, model_label
+
+
+def sft_correct(results: Results, model: str, ds: str, method: str, expert: str) -> tuple[list[str], np.ndarray]:
+    """(question ids, correct[seed, question]) of the SFT model each seed of the cell started from,
+    under one expert's prompt (or "vote"), in the report's checker mode."""
+    cfg, rows, ids = results.cfg, [], None
+    experts = cfg["methods"][method]["sft_experts"]
+    for seed in cfg["grid"]["seeds"]:
+        path = results.layout.eval_sft(model, ds, grid.sft_run(cfg, experts, seed))
+        if not path.is_file():
+            raise DataError("the SFT model's evaluation is missing (eval.sft: true runs it)", path)
+        samples = read_json(path)["model"].get("samples") or []
+        these = [q["id"] for q in samples]
+        if ids is not None and these != ids:
+            raise DataError("the SFT models of this cell were evaluated on different questions", path)
+        ids = these
+        if expert == "vote":
+            rows.append([answers_match(q[f"majority_vote_{results.metric}"], q["gold"], ds) for q in samples])
+        else:
+            rows.append([bool(q[expert][f"{results.metric}_correct"]) for q in samples])
+    return ids or [], np.asarray(rows, dtype=np.float64)
+
+
+def gain(results: Results, model: str, ds: str, method: str, expert: str) -> stats.Estimate:
+    """RL minus its SFT start in points, paired by seed and question."""
+    rl_ids, rl = results.correct(model, ds, method, expert)
+    sft_ids, sft = sft_correct(results, model, ds, method, expert)
+    if rl_ids != sft_ids:
+        where = results.layout.eval(grid.Cell(model, ds, method, results.cfg["grid"]["seeds"][0]))
+        raise DataError("the cell and its SFT model were evaluated on different questions", where)
+    return stats.cell_estimate(100 * (rl - sft))
+
+
+def _cell(accuracy: float, est: stats.Estimate, level: float) -> str:
+    if not est.has_interval:
+        return f"{accuracy:.1f} ({est.mean:+.1f})"
+    low, high = est.interval(level)
+    return f"{accuracy:.1f} ({est.mean:+.1f} [{low:+.1f}, {high:+.1f}])"
+
+
+def learning_table(cfg: dict[str, Any], results: Results) -> Table:
+    """One row per model, data set and method: under each expert's prompt, the cell's accuracy and
+    (in brackets) its difference from its SFT start with the interval."""
+    level = cfg["report"]["stats"]["level"]
+    experts = sorted({k for method in grid.methods(cfg) for k in grid.eval_experts(cfg, method)})
+    columns = [f"e{k}" for k in experts] + ["vote"]
+    table = Table("learning", "What RL added: each cell against the SFT model it started from",
+                  ["model", "data set", "method"], [("accuracy (RL minus its SFT start)", columns)])  # fmt: skip
+    for model in grid.models(cfg):
+        for ds in cfg["grid"]["datasets"]:
+            for method in grid.methods(cfg):
+                evaluated = [f"e{k}" for k in grid.eval_experts(cfg, method)]
+                cells = []
+                for column in columns:
+                    shown = len(evaluated) > 1 if column == "vote" else column in evaluated
+                    if not shown:
+                        cells.append(MISSING)
+                        continue
+                    _, correct = results.correct(model, ds, method, column)
+                    cells.append(_cell(100 * float(correct.mean()), gain(results, model, ds, method, column), level))
+                table.add([model_label(cfg, model), DATASET_TITLES[ds], method], cells)
+    seeds = len(cfg["grid"]["seeds"])
+    table.notes = [
+        f"In %, in the report's checker mode ({cfg['reward']['mode']}), on the cells' test questions. In brackets: "
+        "the cell minus the SFT model it started RL from (MEF, or the single expert's SFT model), evaluated by the "
+        f"same task, questions and length cap; {100 * level:.0f}% interval paired by "
+        + ("question (one seed: the test sample's spread only)." if seeds == 1 else "seed and question.")
+    ]
+    return table

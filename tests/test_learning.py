@@ -1,0 +1,82 @@
+"""reporting/learning.py: each cell against the SFT model it started from, paired by question."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT  # noqa: F401  (the package on the path)
+
+from meml.core.config import load_config
+from meml.core.io import DataError
+from meml.plan import grid
+from meml.plan.layout import Layout
+from meml.reporting.learning import gain, learning_table
+from meml.reporting.results import Results
+
+# one seed, 4 test questions; expert 1 right on these questions
+RL = {"e0": [1, 1, 0, 0], "e1": [1, 1, 1, 0]}
+SFT = {"e0": [0, 1, 0, 0], "e1": [1, 0, 1, 0], "e2": [0, 0, 0, 0]}
+
+
+def _block(correct: dict[str, list[int]]) -> dict:
+    samples = []
+    for q in range(4):
+        row: dict = {"id": f"q{q}", "gold": "1", "majority_vote_lenient": "1" if q == 0 else "2"}
+        for expert, right in correct.items():
+            row[expert] = {"lenient_correct": bool(right[q]), "strict_correct": False}
+        samples.append(row)
+    return {"model": {"experts": {e: {"lenient": sum(v) / 4} for e, v in correct.items()}, "samples": samples}}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[dict, Path]:
+    cfg = load_config(overrides={"profile": "t", "grid.models": ["qwen2"], "grid.datasets": ["gsm8k"],
+                                 "grid.methods": ["Expert1-SFT-GRPO", "MEML-GRPO"], "grid.seeds": [0],
+                                 "eval.sft": True, "mlflow.enabled": False})  # fmt: skip
+    layout = Layout(tmp_path)
+    for cell in grid.cells(cfg):
+        experts = [f"e{k}" for k in grid.eval_experts(cfg, cell.method)]
+        path = layout.eval(cell)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_block({e: RL.get(e, [0, 0, 0, 0]) for e in experts})))
+    for model, ds, variant in grid.calibrated(cfg):
+        path = layout.eval_sft(model, ds, variant)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_block(SFT)))
+    return cfg, tmp_path
+
+
+def test_the_gain_is_the_paired_difference_with_its_interval(world: tuple[dict, Path]) -> None:
+    cfg, root = world
+    results = Results(cfg, root)
+    # expert 1: differences 0, +1, 0, 0 -> mean 25 points; sd of (0, 100, 0, 0) = 50, se = 25, df 3
+    est = gain(results, "qwen2", "gsm8k", "MEML-GRPO", "e1")
+    assert est.mean == 25.0 and est.se == 25.0 and est.df == 3.0
+    low, high = est.interval(0.95)
+    assert math.isclose(high - 25.0, 25.0 * 3.182446305284263, rel_tol=1e-9) and math.isclose(low, 25 - (high - 25))
+    # expert 0: +1, 0, 0, 0 -> also 25; expert 2 (RL all wrong, SFT all wrong): 0 with se 0
+    assert gain(results, "qwen2", "gsm8k", "MEML-GRPO", "e0").mean == 25.0
+    assert gain(results, "qwen2", "gsm8k", "MEML-GRPO", "e2").mean == 0.0
+
+
+def test_the_table_shows_each_expert_and_the_vote(world: tuple[dict, Path]) -> None:
+    cfg, root = world
+    table = learning_table(cfg, Results(cfg, root))
+    assert [row[2] for row in table.rows] == ["Expert1-SFT-GRPO", "MEML-GRPO"]
+    expert1_only, meml = table.rows
+    assert expert1_only[3:] == ["–", "75.0 (+25.0 [-54.6, +104.6])", "–", "–"]  # one expert: no vote
+    assert meml[3] == "50.0 (+25.0 [-54.6, +104.6])"
+    assert meml[5] == "0.0 (+0.0 [+0.0, +0.0])"  # the same answers on every question
+    assert meml[6] == "25.0 (+0.0 [+0.0, +0.0])"  # the vote, right on question 0 on both sides
+    assert "one seed" in table.notes[0]
+
+
+def test_a_missing_sft_evaluation_names_its_file(world: tuple[dict, Path]) -> None:
+    cfg, root = world
+    for path in (root / "eval/qwen2/gsm8k/sft").glob("*.json"):
+        path.unlink()
+    with pytest.raises(DataError, match=r"eval\.sft: true"):
+        gain(Results(cfg, root), "qwen2", "gsm8k", "MEML-GRPO", "e1")
