@@ -94,7 +94,7 @@ def test_copy_engine_is_stale_until_synced(model_dir: Path) -> None:
     with pytest.raises(StaleWeightsError, match="stale policy"):
         check_synced(engine, policy)
     engine.sync_weights(policy)
-    check_synced(engine, policy)
+    assert check_synced(engine, policy) == {"sync/fingerprint_equal": 1.0}  # the step's sync/* metric
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.equal(engine.model(input_ids=ids).logits, policy(input_ids=ids).logits)

@@ -120,9 +120,9 @@ class RecordingEngine(VLLMEngine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.checks: list[tuple[dict[str, int], float, tuple[float, float]]] = []
+        self.checks: list[tuple[dict[str, float], float, tuple[float, float]]] = []
 
-    def verify(self, policy: Any) -> dict[str, int]:
+    def verify(self, policy: Any) -> dict[str, float]:
         counts = super().verify(policy)
         total = sum(float(p.detach().double().sum()) for p in policy.parameters())
         self.checks.append((counts, self.logprob_gap(policy), (total, 0.0)))
@@ -156,14 +156,18 @@ def test_rl_steps_under_vllm_keep_its_log_probs_on_the_policys(
     # one check before the first step, one after each step's update
     assert len(engine.checks) == 4
     for counts, gap, _ in engine.checks:
-        assert counts == {"exact": 14, "by_logprobs": 16}  # embeddings, norms, biases; the repacked linear weights
-        assert gap <= LOGPROB_TOLERANCE["float32"]
+        # embeddings, norms and biases compared exactly; the repacked linear weights by the probe's log-probs
+        assert {k: counts[k] for k in ("exact", "by_logprobs")} == {"exact": 14, "by_logprobs": 16}
+        assert counts["logprob_gap"] == gap <= LOGPROB_TOLERANCE["float32"]
     totals = [total for _, _, total in engine.checks]
     assert len(set(totals)) == 4, "the policy's weights did not move at every step: the check proved nothing"
     # vLLM reports each drawn token's log-prob after temperature (0.7 here) and top-p; the learner's,
     # at the same weights and temperature, agrees to the sync check's tolerance at every step
     rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["sampler_gap/max"] <= LOGPROB_TOLERANCE["float32"] for r in rows), rows
+    # the sync check's own gap, logged every step: the one measured after that step's push
+    assert [r["sync/logprob_gap"] for r in rows] == [counts["logprob_gap"] for counts, _, _ in engine.checks[1:]]
+    assert all(r["sync/tensors_by_logprobs"] == 16.0 for r in rows)
 
     with pytest.raises(StaleWeightsError, match="VLLMEngine holds other weights"):
         train(_rl_settings(), *args, tmp_path / "stale", engine=ForgetfulEngine(model_dir, tokenizer, CPU, VLLM, 0),

@@ -409,10 +409,10 @@ def run_rl(
             # 7. L = L_policy + lambda_iml L_IML + lambda_sft L_SFT, then the engine gets the new weights
             stats = update_step(run.learner, s, method.advantage, seqs, iml, hsft, dist)
             run.engine.sync_weights(policy)
-            check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
+            sync = check_synced(run.engine, policy)  # a stale engine would sample from old weights without a sound
             # 8. metrics, over every process's questions
             seconds = time.time() - t0
-            outcome = StepOutcome(sampled, seqs, iml, hsft, stats, seconds, rollout_seconds)
+            outcome = StepOutcome(sampled, seqs, iml, hsft, stats, seconds, rollout_seconds, sync)
             metrics = step_metrics(dist, run, experts, outcome)
             if tracker is not None:
                 tracker.log(step, metrics)
@@ -703,6 +703,7 @@ class StepOutcome:
     stats: dict[str, float]  # step 7's losses and diagnostics (this process's share)
     seconds: float
     rollout_seconds: float
+    sync: dict[str, float]  # what the weight-sync check measured (rollout.check_synced)
 
 
 def _process_part(run: RunState, experts: list[int], step: StepOutcome, world: int) -> dict[str, Any]:
@@ -719,6 +720,7 @@ def _process_part(run: RunState, experts: list[int], step: StepOutcome, world: i
         "ends": [(sum(x), len(x)) for x in ends],
         "iml_pairs": len(step.iml.pairs),
         "stats": step.stats,
+        "sync": step.sync,
     }  # fmt: skip
     if world > 1:  # the replicas and their buffers must stay identical after every step
         part["weights"] = weights_fingerprint(run.learner.policy.named_parameters(), "float64")
@@ -732,8 +734,9 @@ def step_metrics(dist: Dist, run: RunState, experts: list[int], step: StepOutcom
     share. Names: reward/*, accuracy/mean; subgroups/all_wrong (the share of (question, expert)
     subgroups with no correct rollout: where plain GRPO has no gradient) and per expert; iml/pairs;
     hsft/*; completion/* (length, finished share, truncated share per expert); dynamic/*;
-    sampler_gap/* (the engine's log-probs against the learner's); perf/* (seconds: the only values
-    that differ between identical runs)."""
+    sampler_gap/* (the engine's log-probs against the learner's); sync/* (the weight-sync check: the
+    probe's log-prob gap after the push, or the fingerprint's match); perf/* (seconds: the only
+    values that differ between identical runs)."""
     parts = dist.gather(_process_part(run, experts, step, dist.world))
     rewards, correct, valid = (torch.cat([p[k] for p in parts]) for k in ("rewards", "correct", "valid"))
     group_sizes = [n for p in parts for n in p["group_sizes"]]
@@ -776,6 +779,8 @@ def step_metrics(dist: Dist, run: RunState, experts: list[int], step: StepOutcom
             "lr": float(run.learner.scheduler.get_last_lr()[0]),
             # a maximum over the processes is their maximum; every other value their mean
             **{k: (max if k.endswith("/max") else statistics.fmean)(p["stats"][k] for p in parts) for k in stats},
+            # each process checks its own engine: the worst of them
+            **{k: max(p["sync"][k] for p in parts) for k in step.sync},
         }
     )
     if dist.world > 1:

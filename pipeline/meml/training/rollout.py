@@ -71,24 +71,31 @@ def weights_fingerprint(named_parameters: Any, dtype: str) -> tuple[float, float
     return total, squares
 
 
-def check_synced(engine: Any, model: Any) -> None:
-    """Raise StaleWeightsError when an engine with its own weights does not hold the policy's. An
-    engine may check itself (`verify`: the vLLM engine, whose tensors are fused and repacked);
-    otherwise its `fingerprint` is compared with the policy's."""
+def check_synced(engine: Any, model: Any) -> dict[str, float]:
+    """Raise StaleWeightsError when an engine with its own weights does not hold the policy's;
+    return what the check measured, as the step's sync/* metrics. An engine may check itself
+    (`verify`: the vLLM engine, whose tensors are fused and repacked: the probe's largest log-prob
+    gap, and how many tensors were compared exactly); otherwise its `fingerprint` is compared with
+    the policy's. An engine that samples from the policy module itself has nothing to check."""
     verify = getattr(engine, "verify", None)
     if verify is not None:
-        verify(model)
-        return
+        measured = verify(model)
+        return {
+            "sync/logprob_gap": float(measured["logprob_gap"]),
+            "sync/tensors_exact": float(measured["exact"]),
+            "sync/tensors_by_logprobs": float(measured["by_logprobs"]),
+        }
     fingerprint = getattr(engine, "fingerprint", None)
     got = fingerprint() if fingerprint is not None else None
     if got is None:
-        return  # it samples from the policy module itself
+        return {}
     want = weights_fingerprint(model.named_parameters(), engine.dtype)
     if got != want:
         raise StaleWeightsError(
             f"{type(engine).__name__} holds other weights than the policy after sync_weights "
             f"(fingerprint {got} != {want}): its rollouts would come from a stale policy"
         )
+    return {"sync/fingerprint_equal": 1.0}
 
 
 def hf_generation_kwargs(sampling: Sampling) -> dict[str, Any]:

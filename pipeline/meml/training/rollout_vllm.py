@@ -185,9 +185,10 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
-    def verify(self, policy: Any) -> dict[str, int]:
+    def verify(self, policy: Any) -> dict[str, float]:
         """Raise StaleWeightsError unless vLLM holds the policy's weights; returns how many tensors
-        were compared exactly and how many (repacked) by log-probabilities."""
+        were compared exactly, how many (repacked) by log-probabilities, and the probe's largest
+        log-prob gap, measured every time (the RL loop logs it each step: sync/logprob_gap)."""
 
         parts: dict[str, list[Any]] = {}  # vLLM's name -> the policy tensors it holds
         for name, p in policy.named_parameters():
@@ -210,15 +211,14 @@ class VLLMEngine:
                     f"(sum, sum of squares) {got} != {want}: its rollouts would come from a stale policy"
                 )
             exact += 1
-        if packed:
-            gap = self.logprob_gap(policy)
-            if gap > LOGPROB_TOLERANCE[self.dtype]:
-                raise StaleWeightsError(
-                    f"VLLMEngine holds other weights than the policy after sync_weights: its log-probs of the "
-                    f"probe differ from the policy's by up to {gap:.3g} (tolerance {LOGPROB_TOLERANCE[self.dtype]} "
-                    f"in {self.dtype}): its rollouts would come from a stale policy"
-                )
-        return {"exact": exact, "by_logprobs": packed}
+        gap = self.logprob_gap(policy)
+        if packed and gap > LOGPROB_TOLERANCE[self.dtype]:
+            raise StaleWeightsError(
+                f"VLLMEngine holds other weights than the policy after sync_weights: its log-probs of the "
+                f"probe differ from the policy's by up to {gap:.3g} (tolerance {LOGPROB_TOLERANCE[self.dtype]} "
+                f"in {self.dtype}): its rollouts would come from a stale policy"
+            )
+        return {"exact": exact, "by_logprobs": packed, "logprob_gap": gap}
 
     def logprob_gap(self, policy: Any) -> float:
         """The largest |vLLM log p - policy log p| over the probe's tokens, the policy scored in the
