@@ -80,3 +80,30 @@ def test_a_missing_sft_evaluation_names_its_file(world: tuple[dict, Path]) -> No
         path.unlink()
     with pytest.raises(DataError, match=r"eval\.sft: true"):
         gain(Results(cfg, root), "qwen2", "gsm8k", "MEML-GRPO", "e1")
+
+
+def test_one_seeds_reward_change_has_welchs_interval_over_its_edge_steps(world: tuple[dict, Path]) -> None:
+    """One seed, 10 steps: the 3 steps at each end (edge_steps); Expert1-SFT-GRPO's reward climbs
+    0.1 a step from 0.1, so last 3 (0.8, 0.9, 1.0) minus first 3 (0.1, 0.2, 0.3) is 70 points with
+    se sqrt(100/3 + 100/3) and df 4; MEML-GRPO's reward stays at 0.5: 0, se 0."""
+    from meml.reporting.rl_stage import edge_steps, one_run_change, rl_stage_lines
+
+    cfg, root = world
+    rising = [0.1 * (i + 1) for i in range(10)]
+    for method, rewards in (("Expert1-SFT-GRPO", rising), ("MEML-GRPO", [0.5] * 10)):
+        run = Layout(root).rl(grid.Cell("qwen2", "gsm8k", method, 0))
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward/mean": r}) + "\n"
+                                                   for i, r in enumerate(rewards)))  # fmt: skip
+    assert (edge_steps(10), edge_steps(30), edge_steps(60), edge_steps(4)) == (3, 3, 6, 2)
+    results = Results(cfg, root)
+    est = one_run_change(results, "qwen2", "gsm8k", "Expert1-SFT-GRPO", 0)
+    assert math.isclose(est.mean, 70.0) and math.isclose(est.se, math.sqrt(200 / 3)) and math.isclose(est.df, 4.0)
+    lines = rl_stage_lines(cfg, results)
+    assert "one seed: Welch's interval over those steps' rewards" in lines[0]
+    low, high = est.interval(0.95)
+    assert f"| Expert1-SFT-GRPO | +70.0 [{low:+.1f}, {high:+.1f}] | +70.0 [{low:+.1f}, {high:+.1f}] |" in lines
+    assert lines[-1] == (
+        "The policy gradient alone raises the training reward for Expert1-SFT-GRPO "
+        "(within this one run: another run may move otherwise)."
+    )

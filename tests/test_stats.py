@@ -322,3 +322,13 @@ def test_a_replica_lands_inside_the_interval_when_each_seed_draws_the_data() -> 
         assert low <= covered / trials <= high, (per_seed, covered / trials)
         # the heterogeneity test flags the pair at about its level when the intervals are right
         assert (heterogeneous / trials <= 0.10) if per_seed else (heterogeneous / trials >= 0.25), heterogeneous
+
+
+def test_welch_by_hand() -> None:
+    """(4, 6, 8) against (1, 2, 3): difference 4; variances 4 and 1 over 3 values each, so
+    se^2 = 4/3 + 1/3 = 5/3 and df = (5/3)^2 / ((4/3)^2 / 2 + (1/3)^2 / 2) = 50/17."""
+    est = stats.welch([4.0, 6.0, 8.0], [1.0, 2.0, 3.0])
+    assert est.mean == 4.0 and math.isclose(est.se, math.sqrt(5 / 3)) and math.isclose(est.df, 50 / 17)
+    assert not stats.welch([1.0], [1.0, 2.0]).has_interval  # one value: no spread to speak of
+    flat = stats.welch([0.5, 0.5], [0.5, 0.5])
+    assert flat.mean == 0.0 and flat.se == 0.0 and flat.interval() == (0.0, 0.0)

@@ -4,6 +4,10 @@ whether RL itself moved the reward, so that a reader knows what "RL" means in th
 without IML and HSFT learns from the policy gradient alone: where its interval reaches 0, the
 policy gradient did not raise the reward within the run's steps, and the methods' differences come
 from what else they do (their SFT start, IML's likelihood term, HSFT's SFT updates).
+
+With one seed there is no spread over runs; the interval is then Welch's over the edge steps' own
+rewards (each a mean over one step's questions and rollouts): it says whether this run's reward
+moved beyond its step-to-step noise, not whether another run would move as much.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from meml.plan import grid
 from meml.reporting import stats
 from meml.reporting.results import Results, cells_average
 
-EDGE_STEPS = 3  # the steps averaged at each end: one step's reward is a handful of questions
+EDGE_STEPS = 3  # the fewest steps averaged at each end: one step's reward is a handful of questions
+
+
+def edge_steps(steps: int) -> int:
+    """The steps averaged at each end: EDGE_STEPS, or a tenth of a longer run, at most half of it."""
+    return min(max(EDGE_STEPS, steps // 10), steps // 2)
 
 
 def reward_change(results: Results, model: str, ds: str, method: str, seeds: list[int]) -> np.ndarray:
@@ -25,12 +34,28 @@ def reward_change(results: Results, model: str, ds: str, method: str, seeds: lis
     values = []
     for seed in seeds:
         rewards = [r["reward/mean"] for r in results.steps(model, ds, method, seed)]
-        k = min(EDGE_STEPS, len(rewards) // 2)
+        k = edge_steps(len(rewards))
         if k == 0:
             values.append([float("nan")])
             continue
         values.append([100 * (statistics.fmean(rewards[-k:]) - statistics.fmean(rewards[:k]))])
     return np.array(values)
+
+
+def one_run_change(results: Results, model: str, ds: str, method: str, seed: int) -> stats.Estimate:
+    """100 x (last edge steps' mean reward - first edge steps'), Welch's interval over those steps."""
+    rewards = [100 * r["reward/mean"] for r in results.steps(model, ds, method, seed)]
+    k = edge_steps(len(rewards))
+    return stats.welch(rewards[-k:], rewards[:k]) if k else stats.Estimate(float("nan"), float("nan"), 0.0)
+
+
+def change_estimate(cfg: dict[str, Any], results: Results, datasets: list[str], method: str) -> stats.Estimate:
+    """The reward change of a method averaged over the grid's models and `datasets`: interval over
+    seeds, or with one seed over the edge steps of each run (the runs' estimates averaged)."""
+    seeds, models = cfg["grid"]["seeds"], grid.models(cfg)
+    if len(seeds) == 1:
+        return stats.average([one_run_change(results, m, ds, method, seeds[0]) for m in models for ds in datasets])
+    return cells_average(cfg, models, [reward_change(results, m, ds, method, seeds) for m in models for ds in datasets])
 
 
 def _cell(est: stats.Estimate, level: float) -> str:
@@ -48,35 +73,34 @@ def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
     level = cfg["report"]["stats"]["level"]
     seeds, models, datasets = cfg["grid"]["seeds"], grid.models(cfg), cfg["grid"]["datasets"]
     steps = max((len(results.steps(models[0], datasets[0], m, seeds[0])) for m in grid.methods(cfg)), default=0)
-    k = min(EDGE_STEPS, steps // 2)
+    k = edge_steps(steps)
+    over = "interval over seeds" if len(seeds) > 1 else "one seed: Welch's interval over those steps' rewards"
     lines = [
         f"What the RL stage contributes: each method's training reward, the mean of its last {k} step(s) "
         f"minus its first {k} (points, of {steps} steps), averaged over {', '.join(models)}; "
-        f"{100 * level:.0f}% interval over seeds.",
+        f"{100 * level:.0f}% {over}.",
         "",
         "| method | " + " | ".join(datasets) + " | all |",
         "| --- | " + " | ".join("---" for _ in datasets) + " | --- |",
     ]
     gradient_only: list[tuple[str, stats.Estimate]] = []
     for method in grid.methods(cfg):
-        change = {(m, ds): reward_change(results, m, ds, method, seeds) for m in models for ds in datasets}
-        per_ds = [cells_average(cfg, models, [change[m, ds] for m in models]) for ds in datasets]
-        pooled = cells_average(cfg, models, list(change.values()))
+        per_ds = [change_estimate(cfg, results, [ds], method) for ds in datasets]
+        pooled = change_estimate(cfg, results, datasets, method)
         lines.append(f"| {method} | " + " | ".join(_cell(e, level) for e in [*per_ds, pooled]) + " |")
         switches = cfg["methods"][method]
         if not switches.get("iml") and not switches.get("hsft"):
             gradient_only.append((method, pooled))
-    if len(seeds) < 2:
-        return [*lines, "", "One seed: no interval, so the table describes and decides nothing."]
+    within = "" if len(seeds) > 1 else " (within this one run: another run may move otherwise)"
     flat = [m for m, e in gradient_only if e.has_interval and e.interval(level)[0] <= 0]
     rising = [m for m, e in gradient_only if e.has_interval and e.interval(level)[0] > 0]
     lines.append("")
     if flat:
         lines.append(
             f"The policy gradient alone ({', '.join(flat)}: no IML, no HSFT) does not raise the training reward "
-            f"within these {steps} steps (the interval reaches 0): in this run, differences between methods come "
-            "from their SFT start and from IML's and HSFT's supervised terms, not from GRPO's own learning."
+            f"within these {steps} steps (the interval reaches 0){within}: in this run, differences between methods "
+            "come from their SFT start and from IML's and HSFT's supervised terms, not from GRPO's own learning."
         )
     if rising:
-        lines.append(f"The policy gradient alone raises the training reward for {', '.join(rising)}.")
+        lines.append(f"The policy gradient alone raises the training reward for {', '.join(rising)}{within}.")
     return lines

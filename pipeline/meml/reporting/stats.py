@@ -141,6 +141,19 @@ def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
     return max(1.0, total * total / denominator)
 
 
+def welch(a: Sequence[float], b: Sequence[float]) -> Estimate:
+    """mean(a) - mean(b) of two independent samples, with Welch's standard error and degrees of
+    freedom (no interval when either has fewer than 2 values)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    mean = float(x.mean() - y.mean())
+    if x.size < 2 or y.size < 2:
+        return Estimate(mean, math.nan, 0.0)
+    vx, vy = float(x.var(ddof=1)) / x.size, float(y.var(ddof=1)) / y.size
+    if vx + vy == 0:
+        return Estimate(mean, 0.0, float(x.size + y.size - 2))
+    return Estimate(mean, math.sqrt(vx + vy), _satterthwaite([(vx, x.size - 1), (vy, y.size - 1)]))
+
+
 def average(estimates: Sequence[Estimate]) -> Estimate:
     """The mean of independent cells' estimates (each cell weighs the same)."""
     if not estimates:
