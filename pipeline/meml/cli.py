@@ -203,6 +203,16 @@ def cmd_rl(args: argparse.Namespace) -> None:
     print(f"RL {args.method} on {args.dataset}: reward {rewards} -> {out}")
 
 
+def cmd_trl_grpo(args: argparse.Namespace) -> None:
+    from meml.jobs import training as jobs
+    from meml.plan.grid import Cell
+
+    cell = Cell(args.model, args.dataset, args.method, args.seed)
+    summary, out = jobs.trl(_config(args), cell, results=args.results)
+    print(f"trl GRPOTrainer {args.method} on {args.dataset}: reward {summary['reward_first']} -> "
+          f"{summary['reward_last']} in {summary['seconds']} s -> {out}")  # fmt: skip
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from meml.jobs import evaluation as jobs
 
@@ -380,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-dir", default=None, help="the SFT model to start from (default: the method's SFT run)")
     p.set_defaults(func=cmd_rl)
+
+    p = sub.add_parser("trl-grpo", help="one RL cell trained by trl's GRPOTrainer instead (trl.methods)")
+    with_config(p)
+    p.add_argument("--model", default="qwen2", help="model name: a folder under results/<profile>/models/")
+    p.add_argument("--dataset", required=True, help="gsm8k, strategyqa or mathqa")
+    p.add_argument("--results", default=None, help="results root (default results/<profile>)")
+    p.add_argument("--method", required=True, help="a one-expert method without IML or HSFT")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_trl_grpo)
 
     p = sub.add_parser("eval", help="accuracy per expert prompt through lm-eval, and the majority vote")
     with_config(p)

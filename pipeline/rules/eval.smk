@@ -86,3 +86,28 @@ rule evaluate_sft:
     shell:
         "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+
+
+# The trl-trained cell (trl.methods), evaluated as the cell itself is.
+rule evaluate_trl:
+    input:
+        str(LAYOUT.trl(W) / "DONE"),
+        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+    output:
+        str(LAYOUT.trl(W) / "eval.json"),
+    params:
+        cfg=lambda w: cli_config(
+            "profile", "world", "device", "precision", "eval", "rl", "rl_by_dataset", "experts", dataset=w.ds
+        ),
+        experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
+        model=lambda w: shlex.quote(str(LAYOUT.trl(grid.Cell(w.model, w.ds, w.method, w.seed)) / "model")),
+        env=job_env,
+        data=DATA,
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/eval/trl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
+    shell:
+        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"

@@ -14,12 +14,15 @@ TABLES = (
     + (["teachers"] if WORLD == "real" else [])
     + (["base", "base_samples"] if config["eval"]["base"] else [])
     + (["learning"] if config["eval"]["sft"] else [])
+    + (["trl"] if config["trl"]["methods"] else [])
     + (list(grid.EXTRA_TABLES) if config["extras"]["methods"] else [])
     + (["replication"] if REPLICATES else [])
     + (["stages"] if config["report"]["stages"] else [])
 )
 
 
+TRL_CELLS = [c for c in CELLS if c.method in config["trl"]["methods"]]  # trained by trl's GRPOTrainer too
+TRL_FIGURES = [f"trl_{c.model}_{c.dataset}_{c.method}_seed{c.seed}" for c in TRL_CELLS]
 COMPLEMENTARITY_RUNS = [(m, ds) for m in grid.complementarity_models(config) for ds in DATASETS]
 COMPLEMENTARITY = [f"{m}_{ds}" for m, ds in COMPLEMENTARITY_RUNS]  # the report's figure names
 
@@ -33,6 +36,7 @@ rule report:
         base=[str(LAYOUT.eval_base(m, ds)) for m in grid.models(config) for ds in DATASETS] if config["eval"]["base"] else [],
         calibration=[str(LAYOUT.calibration(m, ds, v)) for m, ds, v in grid.calibrated(config)],
         sft_evals=[str(LAYOUT.eval_sft(m, ds, v)) for m, ds, v in grid.calibrated(config)] if config["eval"]["sft"] else [],
+        trl=[str(LAYOUT.trl(c) / name) for c in TRL_CELLS for name in ("DONE", "eval.json")],
         # the replicates' evaluations (report.replicates, those on disk: REPLICATES): runs of their own
         # profile; no rule here writes them, so a replicate run only in part stops the report with a path
         replicates=[str(replicate_eval(name, c)) for name in REPLICATES for c in CELLS],
@@ -78,11 +82,16 @@ rule report:
             for name in COMPLEMENTARITY
         ],
         complementarity_pdf=expand(f"{REPORT}/figures/complementarity_{{name}}.pdf", name=COMPLEMENTARITY),
+        trl_figures=[
+            report(f"{REPORT}/figures/{name}.png", caption=CAPTIONS / "trl.rst", category="Ours and trl")
+            for name in TRL_FIGURES
+        ],
+        trl_pdf=[f"{REPORT}/figures/{name}.pdf" for name in TRL_FIGURES],
         index=f"{REPORT}/index.md",
     params:
         cfg=cli_config(
             "profile", "world", "models", "grid", "extras", "methods", "reward", "rl", "analysis", "report", "mlflow", "experts",
-            "calibration", "eval", shown=True, replicates=REPLICATES
+            "calibration", "eval", "trl", shown=True, replicates=REPLICATES
         ),
         results=str(LAYOUT.root),
         out=REPORT,

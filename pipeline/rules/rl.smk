@@ -31,3 +31,26 @@ rule rl:
     shell:
         "{params.env} {ON_GPUS} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
         "--seed {wildcards.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"
+
+
+# The same cell trained by trl's GRPOTrainer (trl.methods), side by side with our loop: the same SFT
+# model, questions in the same order, reward and settings (training/trl_grpo.py).
+rule trl_grpo:
+    input:
+        sft=lambda w: str(LAYOUT.sft(w.model, w.ds, sft_variant(w)) / "DONE"),
+    output:
+        str(LAYOUT.trl(W) / "DONE"),
+    params:
+        cfg=lambda w: cli_config(
+            "profile", "world", "seed", "device", "precision", "models", "sft", "rl", "rl_by_dataset", "reward",
+            "experts", "trl", only={"methods": [w.method], **SEEDS_VARY}, dataset=w.ds,
+        ),
+        env=job_env,
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    log:
+        f"{LOGS}/trl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
+    shell:
+        "{params.env} {ON_GPU} {MEML} trl-grpo --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
+        "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"

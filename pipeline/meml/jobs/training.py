@@ -123,3 +123,29 @@ def rl(
     if stale is not None and stale.is_file() and new_aside:  # kept with the run it measured
         stale.rename(new_aside[-1] / "eval.json")
     return summary, run
+
+
+def trl(cfg: dict[str, Any], cell: Cell, *, results: str | None = None) -> tuple[dict[str, Any], Path]:
+    """The cell trained by trl's GRPOTrainer from the same SFT model, on the same questions in the
+    same order, with the cell's own values (training/trl_grpo.py says what is held equal)."""
+    from meml.training.rl import RLSettings
+    from meml.training.trl_grpo import TRLCell, run_trl_grpo
+
+    check_dataset_name(cell.dataset, "--dataset")
+    method = method_of(cfg, cell.method)
+    layout = Layout.of(cfg, results)
+    start = layout.sft(cell.model, cell.dataset, sft_run(cfg, method.sft_experts, cell.seed)) / "model"
+    check_model_folder(start)
+    values = cell_values(cfg, cell)
+    args = TRLCell(
+        RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")}),
+        method,
+        cell.seed,
+        prompts_of(cfg),
+        RewardConfig(values["reward"]["mode"], values["reward"]["format_bonus"]),
+        of_config(cfg),
+        bool(cfg["trl"]["vllm"]),
+    )
+    data = layout.data(cfg["world"], cell.dataset, data_folder(cfg, cell.seed))
+    run = layout.trl(cell)
+    return run_trl_grpo(args, start, data, run), run

@@ -330,6 +330,19 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
     check_lengths(cfg)
     for name in used_methods(cfg):
         check_method(cfg, name, n_prompts)
+    for i, name in enumerate(cfg["trl"]["methods"]):
+        if name not in used_methods(cfg):
+            raise DataError(f"'{name}' is not one of the grid's methods", None, None, f"trl.methods[{i}]")
+        if len(cfg["methods"][name]["rl_experts"]) != 1 or any(
+            cfg["methods"][name].get(k) for k in ("iml", "hsft", "dynamic_sampling")
+        ):
+            raise DataError(
+                f"trl's GRPOTrainer cannot run {name}: it has one prompt a group and no IML, HSFT or dynamic "
+                "sampling (a one-expert method without them can be compared)",
+                None,
+                None,
+                f"trl.methods[{i}]",
+            )
 
 
 # report.stages: runs of the same grid whose seeds retrain less (reporting/stages.py)

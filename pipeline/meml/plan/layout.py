@@ -79,6 +79,10 @@ class Layout:
     def eval(self, cell: Cell) -> Path:
         return self.root / "eval" / f"{cell.path}.json"
 
+    def trl(self, cell: Cell) -> Path:
+        """The cell trained by trl's GRPOTrainer (trl.methods): DONE, metrics.jsonl, model/, eval.json."""
+        return self.root / "trl" / cell.path
+
     def eval_base(self, model: str, dataset: str) -> Path:
         """The base model's evaluation before any training (eval.base)."""
         return self.root / "eval" / model / dataset / "base.json"

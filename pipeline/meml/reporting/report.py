@@ -99,6 +99,16 @@ def build(
     atomic_write_json(tables_dir / "claims.json", claims)  # what the README's reproduction table reads
     written.append(tables_dir / "claims.json")
     written += reward_curves(cfg, results, figures_dir)
+    if cfg["trl"]["methods"]:
+        from meml.reporting.trl_table import trl_comparison
+
+        table, figures, trl_lines = trl_comparison(cfg, results, figures_dir)
+        for ext, render in (("md", to_markdown), ("tex", to_latex)):
+            atomic_write_text(tables_dir / f"trl.{ext}", render(table))
+            written.append(tables_dir / f"trl.{ext}")
+        tables.append(table)
+        written += figures
+        replication_lines += ["", "Our loop against trl's GRPOTrainer on the same cells (the trl table):", *trl_lines]
     written += sparsity_dashboard(cfg, results, figures_dir)
     for model in grid.complementarity_models(cfg):
         for ds in cfg["grid"]["datasets"]:

@@ -1,0 +1,114 @@
+"""Our RL loop against trl's GRPOTrainer on the same cells (trl.methods): one figure of the reward
+against step and against wall-clock time, and one table of time per step, tokens per second and
+held-out accuracy, from one run on one machine. The accuracy difference is paired by question;
+the speed ratio is of median step times measured in the same run, one implementation after the
+other on the same cores.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meml.core.io import DataError, read_json
+from meml.core.tracking import read_metrics
+from meml.plan import grid
+from meml.plan.layout import Layout
+from meml.reporting import stats
+from meml.reporting.results import Results
+from meml.reporting.tables import DATASET_TITLES, Table, model_label
+
+
+def trl_cells(cfg: dict[str, Any]) -> list[grid.Cell]:
+    return [c for c in grid.cells(cfg) if c.method in cfg["trl"]["methods"]]
+
+
+def _trl_correct(results: Results, cell: grid.Cell, expert: str) -> tuple[list[str], np.ndarray]:
+    path = Layout(results.root).trl(cell) / "eval.json"
+    if not path.is_file():
+        raise DataError("the trl run's evaluation is missing (trl.methods runs it)", path)
+    samples = read_json(path)["model"].get("samples") or []
+    return [q["id"] for q in samples], np.asarray([[bool(q[expert][f"{results.metric}_correct"]) for q in samples]])
+
+
+def _speed(rows: list[dict[str, float]]) -> tuple[float, float]:
+    """(median seconds a step, mean completion tokens per second of a whole step), the first step left
+    out (it warms caches and compiles kernels in both implementations)."""
+    steady = rows[1:] or rows
+    seconds = statistics.median(r["perf/step_seconds"] for r in steady)
+    return seconds, statistics.fmean(r["perf/tokens_per_second_step"] for r in steady)
+
+
+def _with_step_rate(rows: list[dict[str, float]], rollouts: int) -> list[dict[str, float]]:
+    """Completion tokens per second of the whole step (generation and update): comparable between the
+    two, where our loop's perf/tokens_per_second counts the rollout phase alone."""
+    for r in rows:
+        r["perf/tokens_per_second_step"] = r["completion/length_mean"] * rollouts / max(r["perf/step_seconds"], 1e-9)
+    return rows
+
+
+def trl_comparison(cfg: dict[str, Any], results: Results, figures: Path) -> tuple[Table, list[Path], list[str]]:
+    """The table, the figure files and the index's lines."""
+    level = cfg["report"]["stats"]["level"]
+    headline = f"e{cfg['report']['headline_expert']}"
+    table = Table("trl", "Our RL loop against trl's GRPOTrainer, side by side", ["model", "data set", "method"],
+                  [("ours", ["s / step", "tokens / s", "accuracy"]), ("trl", ["s / step", "tokens / s", "accuracy"]),
+                   ("ours - trl", ["accuracy", "speed"])])  # fmt: skip
+    lines, files = [], []
+    for cell in trl_cells(cfg):
+        settings = grid.cell_values(cfg, cell)["rl"]
+        rollouts = int(settings["questions_per_step"]) * int(settings["group_size"])
+        ours = _with_step_rate(read_metrics(results.layout.rl(cell) / "metrics.jsonl"), rollouts)
+        theirs = _with_step_rate(read_metrics(Layout(results.root).trl(cell) / "metrics.jsonl"), rollouts)
+        ids, ours_right = results.correct(cell.model, cell.dataset, cell.method, headline)
+        trl_ids, trl_right = _trl_correct(results, cell, headline)
+        if ids != trl_ids:
+            raise DataError("our cell and trl's were evaluated on different questions", results.layout.eval(cell))
+        ours_right = ours_right[results.cfg["grid"]["seeds"].index(cell.seed)][None, :]
+        diff = stats.cell_estimate(100 * (ours_right - trl_right))
+        (s_ours, t_ours), (s_trl, t_trl) = _speed(ours), _speed(theirs)
+        faster, ratio = ("ours", s_trl / s_ours) if s_ours <= s_trl else ("trl", s_ours / s_trl)
+        low, high = diff.interval(level) if diff.has_interval else (float("nan"), float("nan"))
+        table.add(
+            [model_label(cfg, cell.model), DATASET_TITLES[cell.dataset], f"{cell.method} (seed {cell.seed})"],
+            [f"{s_ours:.1f}", f"{t_ours:.0f}", f"{100 * ours_right.mean():.1f}",
+             f"{s_trl:.1f}", f"{t_trl:.0f}", f"{100 * trl_right.mean():.1f}",
+             f"{diff.mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{faster} {ratio:.2f}x faster"],
+        )  # fmt: skip
+        who = "our loop" if faster == "ours" else "trl"
+        lines.append(
+            f"- {cell.model}/{cell.dataset}/{cell.method} seed {cell.seed}: {who} is the faster, {ratio:.2f}x by "
+            f"median step time ({s_ours:.1f} s against trl's {s_trl:.1f} s, measured in this run); held-out "
+            f"accuracy (expert {headline[1:]}) ours minus trl's {diff.mean:+.1f} points [{low:+.1f}, {high:+.1f}]."
+        )
+        files += _figure(cfg, cell, ours, theirs, figures)
+    table.notes = [
+        "Both start from the cell's SFT model and see the same questions in the same order, with the same reward, "
+        "G, lr, answer cap, steps and temperature (training/trl_grpo.py lists what differs). s / step: the median over "
+        "steps after the first; tokens / s: completion tokens per second of a whole step (generation and update); "
+        f"accuracy: held-out, expert {headline[1:]}'s prompt, {cfg['reward']['mode']} checker; ours - trl: the "
+        f"accuracy difference paired by question with its {100 * level:.0f}% interval, and the step-time ratio. "
+        "One run on one machine: the ratio holds for this machine and these shapes."
+    ]
+    return table, files, lines
+
+
+def _figure(cfg: dict[str, Any], cell: grid.Cell, ours: list[dict[str, float]], theirs: list[dict[str, float]],
+            out: Path) -> list[Path]:  # fmt: skip
+    from meml.reporting.figures import _pyplot, _save
+
+    plt = _pyplot()
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for rows, label in ((ours, "ours"), (theirs, "trl GRPOTrainer")):
+        reward = [r["reward/mean"] for r in rows]
+        wall = np.cumsum([r["perf/step_seconds"] for r in rows]) / 60
+        by_step.plot(range(1, len(rows) + 1), reward, label=label, lw=1.2)
+        by_time.plot(wall, reward, label=label, lw=1.2)
+    by_step.set(xlabel="RL step", ylabel="training reward (mean)")
+    by_time.set(xlabel="wall clock (minutes)")
+    by_step.legend(fontsize=8)
+    title = f"{model_label(cfg, cell.model)}, {DATASET_TITLES[cell.dataset]}, {cell.method}: ours and trl"
+    return _save(fig, cfg, title, out / f"trl_{cell.model}_{cell.dataset}_{cell.method}_seed{cell.seed}")
