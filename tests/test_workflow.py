@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # `pytest -m "not slow"` for a quick round
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = PROJECT / "config" / "smoke.yaml"
 HUB_TOKEN = {"HF_TOKEN": "hf_placeholder_for_the_dry_run"}  # the gated model's token: its presence is checked
-TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity", "learning"]
+TABLES = ["main", "ablation", "majority_vote", "complementarity", "sparsity", "learning", "trl"]
 # one extra method for each extra table (the open questions); five experts for the experts table
 EXTRAS = ["Expert1+HSFT", "MEML-Dr.GRPO", "MEML-5experts", "MEML-per_expert", "MEML-B4", "MoE-SFT-GRPO+DS"]
 EXTRA_TABLES = ["gain", "drgrpo", "experts", "compute", "sensitivity", "dynamic"]
@@ -51,6 +51,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "grid: {models: [qwen2], datasets: [strategyqa]}\n"
         f"extras: {{datasets: [strategyqa], methods: {json.dumps(EXTRAS)}}}\nexperts: {{count: 5}}\n"
         "eval: {sft: true}\n"  # the SFT models evaluated too: the learning table
+        "trl: {methods: [Expert1-SFT-GRPO]}\n"  # and one method trained by trl's GRPOTrainer: the trl table
     )
     # on two pretend GPUs (pipeline/meml/core/gpus.py): every job that would take a GPU gets one of its own
     gpus = {"MEML_SIMULATE_GPUS": "2", "MEML_GPU_LOCKS": str(tmp / "gpu-locks")}
