@@ -38,6 +38,17 @@ def method_of(cfg: dict[str, Any], name: str) -> Any:
     return Method.from_config(name, cfg["methods"][name])
 
 
+def rl_settings(cfg: dict[str, Any], values: dict[str, Any]) -> Any:
+    """The RL loop's typed settings: the cell's values (grid.cell_values) and how the job runs (RUN_KEYS)."""
+    from meml.training.rl import RLSettings
+
+    return RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")})
+
+
+def reward_of(values: dict[str, Any]) -> RewardConfig:
+    return RewardConfig(values["reward"]["mode"], values["reward"]["format_bonus"])
+
+
 def sft(
     cfg: dict[str, Any],
     model: str,
@@ -79,7 +90,7 @@ def rl(
 ) -> tuple[dict[str, Any], Path]:
     """One RL cell: the method's SFT model trained with the method's switches and the data set's
     RL settings, logged to the cell's MLflow run."""
-    from meml.training.rl import RLArgs, RLPaths, RLSettings, run_rl
+    from meml.training.rl import RLArgs, RLPaths, run_rl
 
     check_dataset_name(cell.dataset, "--dataset")
     method = method_of(cfg, cell.method)
@@ -101,15 +112,8 @@ def rl(
     evaluation = layout.eval(cell) if out is None else None
     stale = evaluation if evaluation and evaluation.is_file() and not (run / "DONE").is_file() else None
     asides = set((run / "previous").iterdir()) if (run / "previous").is_dir() else set()
-    args = RLArgs(
-        RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")}),
-        method,
-        cell.seed,
-        prompts_of(cfg),
-        RewardConfig(values["reward"]["mode"], values["reward"]["format_bonus"]),
-        of_config(cfg),
-        values,
-    )
+    settings, prompts, reward = rl_settings(cfg, values), prompts_of(cfg), reward_of(values)
+    args = RLArgs(settings, method, cell.seed, prompts, reward, of_config(cfg), values)
     folder = data_folder(cfg, cell.seed)
     paths = RLPaths(
         start, layout.data(cfg["world"], cell.dataset, folder), layout.experts(cfg["world"], cell.dataset, folder), run
@@ -128,7 +132,6 @@ def rl(
 def trl(cfg: dict[str, Any], cell: Cell, *, results: str | None = None) -> tuple[dict[str, Any], Path]:
     """The cell trained by trl's GRPOTrainer from the same SFT model, on the same questions in the
     same order, with the cell's own values (training/trl_grpo.py says what is held equal)."""
-    from meml.training.rl import RLSettings
     from meml.training.trl_grpo import TRLCell, run_trl_grpo
 
     check_dataset_name(cell.dataset, "--dataset")
@@ -137,15 +140,8 @@ def trl(cfg: dict[str, Any], cell: Cell, *, results: str | None = None) -> tuple
     start = layout.sft(cell.model, cell.dataset, sft_run(cfg, method.sft_experts, cell.seed)) / "model"
     check_model_folder(start)
     values = cell_values(cfg, cell)
-    args = TRLCell(
-        RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")}),
-        method,
-        cell.seed,
-        prompts_of(cfg),
-        RewardConfig(values["reward"]["mode"], values["reward"]["format_bonus"]),
-        of_config(cfg),
-        bool(cfg["trl"]["vllm"]),
-    )
+    args = TRLCell(rl_settings(cfg, values), method, cell.seed, prompts_of(cfg), reward_of(values), of_config(cfg),
+                   bool(cfg["trl"]["vllm"]))  # fmt: skip
     data = layout.data(cfg["world"], cell.dataset, data_folder(cfg, cell.seed))
     run = layout.trl(cell)
     return run_trl_grpo(args, start, data, run), run
