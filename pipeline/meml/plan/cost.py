@@ -184,6 +184,12 @@ def slurm_runtimes(
             longer("evaluate_base", test * experts * a.fill * eval_max_new_tokens(cfg, ds) / t.generate / 3600)
             sampled = c["train_questions"] * c["samples"] * experts + (c["test_questions"] or sizes(cfg, ds)[1])
             longer("calibrate", sampled * a.fill * cfg["rl"]["max_new_tokens"] / t.generate / 3600)
+    # the rules a config turns on beyond the paper's grid: an SFT model evaluated under every prompt
+    # (eval.sft) as the base model is; a trl-trained cell evaluated as the cell is; trl's training of
+    # a cell (trl.methods) at our loop's time, its GPU throughput being unmeasured (a retry starts it over)
+    longest["evaluate_sft"] = longest.get("evaluate_base", 0.0)
+    longest["evaluate_trl"] = longest.get("evaluate", 0.0)
+    longest["trl_grpo"] = longest.get("rl", 0.0)
     return {
         rule: int(30 * math.ceil((hours * 60 * margin + JOB_OVERHEAD_MINUTES) / 30))
         for rule, hours in sorted(longest.items())
