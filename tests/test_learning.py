@@ -23,11 +23,14 @@ SFT = {"e0": [0, 1, 0, 0], "e1": [1, 0, 1, 0], "e2": [0, 0, 0, 0]}
 
 
 def _block(correct: dict[str, list[int]]) -> dict:
+    """Gold "1"; expert k's wrong answer is 3k (so wrong answers never agree). The stored vote is
+    right on question 0 only, whoever voted."""
     samples = []
     for q in range(4):
         row: dict = {"id": f"q{q}", "gold": "1", "majority_vote_lenient": "1" if q == 0 else "2"}
         for expert, right in correct.items():
-            row[expert] = {"lenient_correct": bool(right[q]), "strict_correct": False}
+            answer = "1" if right[q] else str(3 * int(expert[1:]))
+            row[expert] = {"lenient": answer, "lenient_correct": bool(right[q]), "strict_correct": False}
         samples.append(row)
     return {"model": {"experts": {e: {"lenient": sum(v) / 4} for e, v in correct.items()}, "samples": samples}}
 
@@ -71,7 +74,12 @@ def test_the_table_shows_each_expert_and_the_vote(world: tuple[dict, Path]) -> N
     assert expert1_only[3:] == ["–", "75.0 (+25.0 [-54.6, +104.6])", "–", "–"]  # one expert: no vote
     assert meml[3] == "50.0 (+25.0 [-54.6, +104.6])"
     assert meml[5] == "0.0 (+0.0 [+0.0, +0.0])"  # the same answers on every question
-    assert meml[6] == "25.0 (+0.0 [+0.0, +0.0])"  # the vote, right on question 0 on both sides
+    # the vote: the cell's stored one is right on q0 only; its SFT start's is recomputed among the
+    # cell's voters e0-e2, not read from the file: q0 e0 "0", e1 "1", e2 "6" -> a tie, e0's "0" wrong;
+    # q1 "1", "3", "6" -> "1" right; q2 like q0; q3 wrong: differences +1, -1, 0, 0
+    est = gain(Results(cfg, root), "qwen2", "gsm8k", "MEML-GRPO", "vote")
+    assert est.mean == 0.0 and math.isclose(est.se, math.sqrt(20000 / 3) / 2)
+    assert meml[6].startswith("25.0 (+0.0 [-129.9, +129.9])")
     assert "one seed" in table.notes[0]
 
 

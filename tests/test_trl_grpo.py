@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from meml.core.answers import RewardConfig
 from meml.core.config import load_config
@@ -53,13 +54,43 @@ def test_only_what_trl_can_express_is_compared() -> None:
         grid.check(load_config(overrides={"trl.methods": ["MEML-GRPO"]}), 3)
     with pytest.raises(DataError, match=r"'trl\.methods\[0\]'"):
         grid.check(load_config(overrides={"trl.methods": ["GRPO-nowhere"]}), 3)
+    with pytest.raises(DataError, match=r"'trl\.methods\[0\]'.*one update a batch"):
+        grid.check(load_config(overrides={"trl.methods": ["Expert1-SFT-GRPO"], "rl.updates_per_batch": 2}), 3)
     grid.check(load_config(overrides={"trl.methods": ["Expert1-SFT-GRPO"]}), 3)
 
 
-def test_trl_trains_the_cell_and_logs_our_metric_names(small_world: Path, tmp_path: Path) -> None:
+def test_trl_trains_the_cell_and_logs_our_metric_names(
+    small_world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through trl itself: what its reward function is handed is our questions in our order, each G
+    times, in micro-batches that fit rl.micro_batch_tokens; a completion ends at our stop tokens."""
+    from meml.core.stops import stop_tokens
+    from meml.training import trl_grpo
+
     model = build_tiny_models(toy_corpus(small_world, DEFAULT_PROMPTS), tmp_path / "m", seed=0, vocab_size=500)["qwen2"]
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": 0}))  # not our stops
+    seen: list[str] = []
+
+    def recording(config: RewardConfig, stop_ids: tuple[int, ...]) -> object:
+        ours = reward_function(config, stop_ids)
+
+        def reward(**kwargs: object) -> list[float | None]:
+            seen.extend(kwargs["id"])  # type: ignore[arg-type]
+            return ours(**kwargs)  # type: ignore[no-any-return]
+
+        return reward
+
+    monkeypatch.setattr(trl_grpo, "reward_function", recording)
     out = tmp_path / "trl"
-    summary = run_trl_grpo(_cell(lr=0.05), model, small_world / "data/gsm8k", out)
+    cell = _cell(lr=0.05, micro_batch_tokens=2 * (16 + trl_grpo.PROMPT_TOKENS))  # 2 rows a micro-batch
+    summary = run_trl_grpo(cell, model, small_world / "data/gsm8k", out)
+    rows = question_rows(read_records(small_world / "data/gsm8k/train.jsonl"), cell)
+    assert seen == [r["id"] for r in rows for _ in range(4)]  # 3 steps x 2 questions x G = 4, in order
+    assert summary["micro_batches"] == 4  # 8 rollouts a step, 2 a micro-batch
+    stops = stop_tokens(AutoTokenizer.from_pretrained(model))
+    saved = json.loads((out / "model/generation_config.json").read_text())["eos_token_id"]
+    assert saved == list(stops.ids)  # what trl stopped and masked at
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and summary["steps"] == 3
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["perf/step_seconds"] > 0 for r in rows)
@@ -71,4 +102,4 @@ def test_trl_trains_the_cell_and_logs_our_metric_names(small_world: Path, tmp_pa
     # a random model's 16-token answers are all cut: reward 0, no advantage, no gradient; the weights
     # stay (beta 0, no weight decay), which says the reward reached the loss as ours does
     assert all(torch.equal(before[k], after[k]) for k in before) == all(r["reward/mean"] == 0.0 for r in rows)
-    assert run_trl_grpo(_cell(lr=0.05), model, small_world / "data/gsm8k", out) == summary  # done: not retrained
+    assert run_trl_grpo(cell, model, small_world / "data/gsm8k", out) == summary  # done: not retrained

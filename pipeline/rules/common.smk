@@ -85,8 +85,8 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
     in `params`, so Snakemake reruns a job exactly when a value it reads changes. `only` narrows a
     mapping section to the job's own entries ({"methods": ["MEML-GRPO"]}, {"teachers": ["e1"]}),
     so editing one method or one teacher reruns only its jobs. A model's published figures and
-    `eval.base` concern the report only (`shown`): editing them reruns no training or evaluation
-    (turning eval.base on adds the base evaluations, nothing else). How a job runs, not what it
+    `eval.base` and `eval.sft` concern the report only (`shown`): editing them reruns no training or
+    evaluation (turning one on adds its evaluations, nothing else). How a job runs, not what it
     computes (core/config.RUN_KEYS), is left out: RUN_SETTINGS carries it. A job of one data set (`dataset`)
     gets that data set's `rl_by_dataset` entry alone: editing another's reruns nothing of it."""
     chosen = {key: config[key] for key in sections}
@@ -98,8 +98,8 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
         chosen["methods"] = {name: grid.switches(config, name) for name in chosen["methods"]}
     if "models" in chosen and not shown:
         chosen["models"] = {name: grid.model_values(entry) for name, entry in chosen["models"].items()}
-    if "eval" in chosen and not shown:
-        chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k != "base"}
+    if "eval" in chosen and not shown:  # which extra models are evaluated concerns the report and the DAG
+        chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k not in ("base", "sft")}
     if replicates is not None:  # the report's: the replicates on disk (REPLICATES)
         chosen["report"] = {**chosen["report"], "replicates": replicates}
     chosen = {k: without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}

@@ -38,12 +38,14 @@ rule rl:
 rule trl_grpo:
     input:
         sft=lambda w: str(LAYOUT.sft(w.model, w.ds, sft_variant(w)) / "DONE"),
+        # after the cell's own run, not beside it: the two are timed one after the other
+        ours=str(LAYOUT.rl(W) / "DONE"),
     output:
         str(LAYOUT.trl(W) / "DONE"),
     params:
         cfg=lambda w: cli_config(
             "profile", "world", "seed", "device", "precision", "models", "sft", "rl", "rl_by_dataset", "reward",
-            "experts", "trl", only={"methods": [w.method], **SEEDS_VARY}, dataset=w.ds,
+            "experts", "trl", only={"methods": [w.method], "trl": ["vllm"], **SEEDS_VARY}, dataset=w.ds,
         ),
         env=job_env,
     threads: config["threads"]

@@ -4,9 +4,11 @@ Measured on one SFT model (one model, data set and SFT variant), under each of i
     rollout_success[e]  share of correct samples on training questions, at RL's temperature and
                         length cap (GRPO starves near 0 and has nothing to learn near 1)
     finished[e]         share of those samples that ended within the cap (a cut answer scores 0)
-    mixed_groups[e]     share of training questions whose samples disagree, some right and some
-                        wrong: a GRPO group of that expert gets a non-zero advantage only then, so
-                        this is the share of RL's groups that carry a gradient (informative only)
+    mixed_groups[e]     share of training questions whose `samples` samples disagree, some right
+                        and some wrong: a GRPO subgroup gets a non-zero advantage only then (without
+                        a format bonus). A subgroup larger than `samples` is mixed more often, so
+                        this is a lower bound on the share of RL's subgroups that carry a gradient
+                        (informative only: no range)
     greedy_accuracy     the headline expert's greedy accuracy on test questions (evaluation's reading)
     answer_balance      the largest answer class's share of the test split (StrategyQA: a constant
                         answer scores it; MathQA: a constant letter does), for the chance level

@@ -104,9 +104,9 @@ def rl(
         raise DataError("SFT model not found (run `meml sft` for this method first)", start)
     check_model_folder(start)  # weights present, and the SFT run that wrote them finished
     run = Path(out) if out else layout.rl(cell)
-    # the one home of what defines the cell (plan/grid.cell_values): the RL loop's settings and the
-    # method's switches are taken from it, whole; it decides whether old checkpoints may be resumed,
-    # and is the MLflow run's params (the rest of the config may change without touching the run)
+    # the one home of what defines the cell (plan/grid.cell_values): the RL loop's settings are taken
+    # from it whole; it decides whether old checkpoints may be resumed, and is the MLflow run's params
+    # (the rest of the config may change without touching the run)
     values = cell_values(cfg, cell)
     # a forced rerun (its DONE removed): the cell's evaluation belongs to the run being replaced
     evaluation = layout.eval(cell) if out is None else None

@@ -343,6 +343,14 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
                 None,
                 f"trl.methods[{i}]",
             )
+        for ds in cfg["grid"]["datasets"]:
+            if int(method_rl(cfg, name, ds)["updates_per_batch"]) != 1:
+                raise DataError(
+                    f"the trl comparison of {name} takes one update a batch (rl.updates_per_batch: 1)",
+                    None,
+                    None,
+                    f"trl.methods[{i}]",
+                )
 
 
 # report.stages: runs of the same grid whose seeds retrain less (reporting/stages.py)

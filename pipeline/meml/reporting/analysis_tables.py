@@ -167,7 +167,8 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap; "
         "mixed groups: the questions whose samples disagree, some right and some wrong (only such a group gives "
-        "GRPO a non-zero advantage); finished: the lowest expert's share ending within the cap; mean tokens: each "
+        "GRPO a non-zero advantage; an RL subgroup larger than these samples is mixed more often); finished: "
+        "the lowest expert's share ending within the cap; mean tokens: each "
         "expert's mean sample length "
         "(a MEF model that ignores its expert prompts writes one style, so one length, for all); greedy accuracy: "
         "the headline expert on the first test questions; largest answer class: its share of the test split (a "

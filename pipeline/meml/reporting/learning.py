@@ -17,6 +17,7 @@ import numpy as np
 
 from meml.core.answers import answers_match
 from meml.core.io import DataError, read_json
+from meml.evaluation.evaluate import majority_vote
 from meml.plan import grid
 from meml.reporting import stats
 from meml.reporting.results import Results
@@ -25,7 +26,8 @@ from meml.reporting.tables import DATASET_TITLES, MISSING, Table, model_label
 
 def sft_correct(results: Results, model: str, ds: str, method: str, expert: str) -> tuple[list[str], np.ndarray]:
     """(question ids, correct[seed, question]) of the SFT model each seed of the cell started from,
-    under one expert's prompt (or "vote"), in the report's checker mode."""
+    under one expert's prompt, or ("vote") the majority vote of the prompts the cell is evaluated
+    under, by evaluation's tie rule, in the report's checker mode."""
     cfg, rows, ids = results.cfg, [], None
     experts = cfg["methods"][method]["sft_experts"]
     for seed in cfg["grid"]["seeds"]:
@@ -37,8 +39,10 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
         if ids is not None and these != ids:
             raise DataError("the SFT models of this cell were evaluated on different questions", path)
         ids = these
-        if expert == "vote":
-            rows.append([answers_match(q[f"majority_vote_{results.metric}"], q["gold"], ds) for q in samples])
+        if expert == "vote":  # among the cell's own voters (the SFT model answered under every prompt)
+            voters = [f"e{k}" for k in grid.eval_experts(cfg, method)]
+            chosen = [majority_vote([q[e][results.metric] for e in voters]) for q in samples]
+            rows.append([answers_match(c, q["gold"], ds) for c, q in zip(chosen, samples, strict=True)])
         else:
             rows.append([bool(q[expert][f"{results.metric}_correct"]) for q in samples])
     return ids or [], np.asarray(rows, dtype=np.float64)

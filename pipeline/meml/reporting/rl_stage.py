@@ -72,13 +72,18 @@ def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
     methods that learn from the policy gradient alone."""
     level = cfg["report"]["stats"]["level"]
     seeds, models, datasets = cfg["grid"]["seeds"], grid.models(cfg), cfg["grid"]["datasets"]
-    steps = max((len(results.steps(models[0], datasets[0], m, seeds[0])) for m in grid.methods(cfg)), default=0)
-    k = edge_steps(steps)
+    run_steps = {ds: max(len(results.steps(models[0], ds, m, seeds[0])) for m in grid.methods(cfg)) for ds in datasets}
+    steps = max(run_steps.values(), default=0)
     over = "interval over seeds" if len(seeds) > 1 else "one seed: Welch's interval over those steps' rewards"
+    if len(set(run_steps.values())) == 1:
+        k = edge_steps(steps)
+        ends = f"the mean of its last {k} step(s) minus its first {k} (points, of {steps} steps)"
+    else:  # data sets of different lengths (rl_by_dataset): each run's own ends
+        per = ", ".join(f"{ds} {edge_steps(n)} of {n}" for ds, n in run_steps.items())
+        ends = f"the mean of its last k steps minus its first k (points; k of the steps: {per})"
     lines = [
-        f"What the RL stage contributes: each method's training reward, the mean of its last {k} step(s) "
-        f"minus its first {k} (points, of {steps} steps), averaged over {', '.join(models)}; "
-        f"{100 * level:.0f}% {over}.",
+        f"What the RL stage contributes: each method's training reward, {ends}, averaged over "
+        f"{', '.join(models)}; {100 * level:.0f}% {over}.",
         "",
         "| method | " + " | ".join(datasets) + " | all |",
         "| --- | " + " | ".join("---" for _ in datasets) + " | --- |",

@@ -1,8 +1,8 @@
 """Our RL loop against trl's GRPOTrainer on the same cells (trl.methods): one figure of the reward
 against step and against wall-clock time, and one table of time per step, tokens per second and
 held-out accuracy, from one run on one machine. The accuracy difference is paired by question;
-the speed ratio is of median step times measured in the same run, one implementation after the
-other on the same cores.
+the speed ratio is of median step times measured in the same workflow run, trl's after ours (its
+rule waits for the cell), on the same machine.
 """
 
 from __future__ import annotations
