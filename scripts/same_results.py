@@ -9,11 +9,14 @@ time or place, and counts as the same when only those differ:
 MLflow's store and artifacts, logs, locks and the progress line's state are left out (run ids and
 times by nature).
 
-    python scripts/same_results.py BEFORE/results/toy AFTER/results/toy
+    python scripts/same_results.py BEFORE/results/toy AFTER/results/toy [--declared sft.checkpoint_every]
 
-Prints a count per kind (identical, same but for timings, different, missing) and each differing
-file, a JSON one with the keys where it differs (`sft.checkpoint_every`, `[3].reward/mean`: what
-changed, not just where); exits 1 when any file differs or is missing.
+Prints a count per kind (identical, same but for timings, changed as declared, different, missing)
+and each differing file, a JSON one with the keys where it differs (`sft.checkpoint_every`,
+`[3].reward/mean`: what changed, not just where); exits 1 when any file differs or is missing.
+`--declared KEY` names a key a change means to alter (a setting that left a cell's values, say): a
+JSON file that differs at such keys alone counts as "changed as declared", listed with them, and
+does not fail the check; a difference anywhere else still does.
 """
 
 from __future__ import annotations
@@ -110,9 +113,21 @@ def explained(name: str, a: Path, b: Path, roots: tuple[str, ...]) -> str:
     return f"{name} (at {shown})"
 
 
-def compare(a: Path, b: Path) -> dict[str, list[str]]:
+def only_declared(a: Path, b: Path, roots: tuple[str, ...], declared: tuple[str, ...]) -> bool:
+    """Whether a JSON file differs at declared keys alone (a key path ending in one of them)."""
+    if not declared or not (a.suffix in (".json", ".jsonl") or a.name == "DONE"):
+        return False
+    try:
+        keys = differing_keys(parsed(a, roots), parsed(b, roots))
+    except ValueError:
+        return False
+    return bool(keys) and all(any(k == d or k.endswith(f".{d}") for d in declared) for k in keys)
+
+
+def compare(a: Path, b: Path, declared: tuple[str, ...] = ()) -> dict[str, list[str]]:
     roots = tuple(str(p.resolve().parents[1]) for p in (a, b))  # the two checkouts' folders
-    kinds: dict[str, list[str]] = {"identical": [], "same but for timings": [], "different": [], "missing": []}
+    kinds: dict[str, list[str]] = {"identical": [], "same but for timings": [], "changed as declared": [],
+                                   "different": [], "missing": []}  # fmt: skip
     for path in sorted(p for p in a.rglob("*") if p.is_file()):
         name = path.relative_to(a).as_posix()
         if SKIPPED.search(name):
@@ -124,6 +139,8 @@ def compare(a: Path, b: Path) -> dict[str, list[str]]:
             kinds["identical"].append(name)
         elif same_but_for_time(path, other, roots):
             kinds["same but for timings"].append(name)
+        elif only_declared(path, other, roots, declared):
+            kinds["changed as declared"].append(explained(name, path, other, roots))
         else:
             kinds["different"].append(explained(name, path, other, roots))
     return kinds
@@ -133,11 +150,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("first", type=Path)
     parser.add_argument("second", type=Path)
+    parser.add_argument("--declared", action="append", default=[], help="a key the change means to alter")
     args = parser.parse_args()
-    kinds = compare(args.first, args.second)
+    kinds = compare(args.first, args.second, tuple(args.declared))
     for kind, names in kinds.items():
         print(f"{kind}: {len(names)}")
-    for kind in ("different", "missing"):
+    for kind in ("changed as declared", "different", "missing"):
         for name in kinds[kind]:
             print(f"  {kind}: {name}")
     weights = [n for n in kinds["identical"] if n.endswith(".safetensors")]
