@@ -139,23 +139,35 @@ def _truncated(cfg: dict[str, Any], method: str, rows: list[dict[str, float]]) -
     return " · ".join(parts) or MISSING
 
 
+MIXED_NOTE = (
+    "mixed groups: the questions whose samples disagree, some right and some wrong (only such a group gives GRPO "
+    "a non-zero advantage; an RL subgroup larger than these samples is mixed more often); "
+)
+
+
+def _per_expert(shares: dict[str, float]) -> str:
+    return " · ".join(f"{e} {100 * v:.0f}" for e, v in shares.items()) or MISSING
+
+
 def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     """The gate's measurements of every MEF model RL starts from (calibration.py)."""
-    columns = ["rollout success", "mixed groups", "finished (lowest)", "mean tokens", "greedy accuracy",
-               "largest answer class", "in range"]  # fmt: skip
+    found = {(model, ds, variant): read_json(Layout(root).calibration(model, ds, variant))
+             for model, ds, variant in grid.calibrated(cfg)}  # fmt: skip
+    mixed = any("mixed_groups" in c for c in found.values())  # files written before it was measured lack it
+    columns = ["rollout success", *(["mixed groups"] if mixed else []), "finished (lowest)", "mean tokens",
+               "greedy accuracy", "largest answer class", "in range"]  # fmt: skip
     table = Table("calibration", "Calibration: the MEF models before RL", ["model", "data set", "SFT"],
                   [("measured", columns)])  # fmt: skip
     sampled = ""
     datasets = list(dict.fromkeys(ds for _, ds, _ in grid.calibrated(cfg)))
-    for model, ds, variant in grid.calibrated(cfg):
-        c = read_json(Layout(root).calibration(model, ds, variant))
+    for (model, ds, variant), c in found.items():
         sampled = f"{c['train_questions']} training questions x {c['samples']}"
         balance = c.get("answer_balance")
         table.add(
             [model_label(cfg, model), DATASET_TITLES[ds], variant],
             [
                 " · ".join(f"{e} {100 * v:.0f}" for e, v in c["rollout_success"].items()),
-                " · ".join(f"{e} {100 * v:.0f}" for e, v in c.get("mixed_groups", {}).items()) or MISSING,
+                *([_per_expert(c.get("mixed_groups", {}))] if mixed else []),
                 f"{100 * min(c['finished'].values()):.0f}",
                 " · ".join(f"{e} {v:.0f}" for e, v in c.get("mean_tokens", {}).items()) or MISSING,
                 f"{100 * c['greedy']['accuracy']:.1f}",
@@ -166,9 +178,8 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
     table.notes = [
         *([TOY_NOTE] if cfg["world"] == "toy" else []),
         f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap; "
-        "mixed groups: the questions whose samples disagree, some right and some wrong (only such a group gives "
-        "GRPO a non-zero advantage; an RL subgroup larger than these samples is mixed more often); finished: "
-        "the lowest expert's share ending within the cap; mean tokens: each "
+        + (MIXED_NOTE if mixed else "")
+        + "finished: the lowest expert's share ending within the cap; mean tokens: each "
         "expert's mean sample length "
         "(a MEF model that ignores its expert prompts writes one style, so one length, for all); greedy accuracy: "
         "the headline expert on the first test questions; largest answer class: its share of the test split (a "
