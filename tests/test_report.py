@@ -535,3 +535,12 @@ def test_what_the_rl_stage_contributes_by_hand(built: tuple[dict, Path], tmp_pat
     lines = rl_stage_lines(cfg, results)
     assert _row("\n".join(lines), "MoE-SFT-GRPO")[1].startswith("-10.0 [")
     assert any(line.startswith("The policy gradient alone (MoE-SFT-GRPO: no IML") for line in lines)
+    # both seeds fall by 20 points: the interval lies below 0, and the page says the reward falls
+    for seed in (0, 1):
+        for ds in cfg["grid"]["datasets"]:
+            run = tmp_path / "flat" / "rl" / grid.Cell("qwen2", ds, "MoE-SFT-GRPO", seed).path
+            falling = enumerate([0.5, 0.4, 0.3])
+            rows = [{"step": i, "reward/mean": r, "subgroups/all_wrong/expert0": 0.5} for i, r in falling]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = rl_stage_lines(cfg, Results(cfg, tmp_path / "flat"))
+    assert any("(MoE-SFT-GRPO: no IML, no HSFT) lowers the training reward" in line for line in lines), lines

@@ -97,15 +97,28 @@ def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
         if not switches.get("iml") and not switches.get("hsft"):
             gradient_only.append((method, pooled))
     within = "" if len(seeds) > 1 else " (within this one run: another run may move otherwise)"
-    flat = [m for m, e in gradient_only if e.has_interval and e.interval(level)[0] <= 0]
-    rising = [m for m, e in gradient_only if e.has_interval and e.interval(level)[0] > 0]
+    bounds = [(m, e.interval(level)) for m, e in gradient_only if e.has_interval]
+    flat = [m for m, (low, high) in bounds if low <= 0 <= high]
+    rising = [m for m, (low, _) in bounds if low > 0]
+    falling = [m for m, (_, high) in bounds if high < 0]
     lines.append("")
-    if flat:
+    if flat or falling:
+        moved = f"does not raise the training reward within these {steps} steps (the interval reaches 0)"
+        if falling and not flat:
+            moved = f"lowers the training reward within these {steps} steps (the interval lies below 0)"
+        elif falling:
+            moved += f"; for {', '.join(falling)} it falls (the interval lies below 0)"
         lines.append(
-            f"The policy gradient alone ({', '.join(flat)}: no IML, no HSFT) does not raise the training reward "
-            f"within these {steps} steps (the interval reaches 0){within}: in this run, differences between methods "
-            "come from their SFT start and from IML's and HSFT's supervised terms, not from GRPO's own learning."
+            f"The policy gradient alone ({', '.join(flat + falling)}: no IML, no HSFT) {moved}{within}: in this run, "
+            "differences between methods come from their SFT start and from IML's and HSFT's supervised terms, not "
+            "from GRPO's own learning."
         )
     if rising:
         lines.append(f"The policy gradient alone raises the training reward for {', '.join(rising)}{within}.")
+    if len(seeds) > 1:
+        lines.append(
+            "A seed's steps draw the same questions for every method (the question order is the seed's), so a hard "
+            "batch at either end moves every method's change alike; the differences between methods' changes are "
+            "free of it."
+        )
     return lines
