@@ -39,3 +39,25 @@ def test_a_run_in_two_parts_is_one_record_whose_sums_cover_both(tmp_path: Path) 
     # the results made again from scratch after the record: a record of its own
     again = run_record.update(path, cfg, 500.0, 530.0, [("rl", 20.0)], cores=2, fresh_since=450.0)
     assert len(again["invocations"]) == 1 and again["job_seconds"] == 20.0 and again["cores"] == 2
+
+
+def test_tables_rebuilt_by_another_commit_name_it(tmp_path: Path) -> None:
+    """A run record of another commit gets the reporting code's commit as tables_by; a record of the
+    code's own commit, or none, is left alone."""
+    import subprocess
+
+    from meml.reporting.run_record import note_tables_by
+
+    project = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip("not a git checkout: no commit to name")
+    head = done.stdout.strip()
+    note_tables_by(tmp_path)  # no record: nothing written
+    assert not (tmp_path / "run.json").exists()
+    (tmp_path / "run.json").write_text(json.dumps({"commit": "0" * 40, "dirty": False}))
+    note_tables_by(tmp_path)
+    assert json.loads((tmp_path / "run.json").read_text()) == {"commit": "0" * 40, "dirty": False, "tables_by": head}
+    (tmp_path / "run.json").write_text(json.dumps({"commit": head, "dirty": False}))
+    note_tables_by(tmp_path)
+    assert "tables_by" not in json.loads((tmp_path / "run.json").read_text())

@@ -92,6 +92,8 @@ def run_times(example: Path = EXAMPLE) -> str:
     for record in sorted(example.glob("*/run.json")):
         run = read_json(record)
         commit = run["commit"][:7] + (" (uncommitted changes)" if run["dirty"] else "")
+        if run.get("tables_by"):  # trained at `commit`, its tables rebuilt by a later commit's reporting code
+            commit += f", tables by {run['tables_by'][:7]}"
         lines.append(
             f"| `report/example/{record.parent.name}/` | {run['wall_seconds'] / 60:.1f} min | {run['cores']} "
             f"| {run['job_seconds']:.0f} | {sum(run['jobs_by_rule'].values())} | {commit} |"

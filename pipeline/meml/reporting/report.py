@@ -130,6 +130,9 @@ def build(
         lines += warnings
     atomic_write_text(index, index_page(cfg, tables, written, out, lines))
     written.append(index)
+    from meml.reporting.run_record import note_tables_by
+
+    note_tables_by(out)  # tables rebuilt over an older run's record: which code wrote them
     return written
 
 

@@ -12,6 +12,8 @@ sums are what the whole run cost, a part that failed or was stopped included (th
 writes too). An invocation that ran no job (everything up to date) adds nothing. A record older
 than the run's results folder (results/<profile>/ made again from scratch) is started afresh.
 The commit is the code that finished the run; `dirty` says the working tree differed from it.
+Tables rebuilt later by another commit's reporting code (`meml report` over the same results) add
+"tables_by": that commit, so a copy says which code trained it and which wrote its tables.
 """
 
 from __future__ import annotations
@@ -125,3 +127,15 @@ def write(cfg: dict[str, Any], state_file: Path, report_dir: Path, cores: int | 
         since = marker.stat().st_mtime if marker.is_file() else None
         return update(report_dir / "run.json", cfg, start, time.time(), jobs, cores, since)
     return None
+
+
+def note_tables_by(report_dir: Path) -> None:
+    """Where report_dir holds a run record of another commit than the reporting code's own, record
+    the reporting code's commit as `tables_by` (the code's checkout, not the working directory's)."""
+    record = Path(report_dir) / "run.json"
+    if not record.is_file():
+        return
+    run = read_json(record)
+    code = _git("-C", str(Path(__file__).resolve().parents[3]), "rev-parse", "HEAD")
+    if code and run.get("commit") != code and run.get("tables_by") != code:
+        atomic_write_json(record, {**run, "tables_by": code})
