@@ -1,15 +1,12 @@
 # MEML-GRPO reproduction DAG: `snakemake --cores N` (the toy default) or `--configfile config/paper.yaml`.
 # One rule file a stage (pipeline/rules/; common.smk: the checks and what rules share); a run's start and
-# end: pipeline/meml/lifecycle.py. Stages: data -> experts -> models -> sft -> calibration -> rl -> eval -> report.
-from pathlib import Path
-
+# end: pipeline/meml/lifecycle.py. The default config is read from the workflow's own folder (--directory).
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-# The default config is read from the workflow's own folder, so `--directory` does not break it.
-configfile: Path(workflow.basedir) / "config" / "default.yaml"
+configfile: f"{workflow.basedir}/config/default.yaml"
 
 
 include: "pipeline/rules/common.smk"
