@@ -305,6 +305,33 @@ def test_methods_evaluated_on_different_questions_are_not_compared(tmp_path: Pat
         build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
 
 
+def test_seeds_with_worlds_of_their_own_pair_within_the_seed_and_take_the_interval_over_seeds(tmp_path: Path) -> None:
+    """grid.seeds_vary: world: seed 1 scored other questions (its own world's) than seed 0, in every
+    cell alike: the comparisons pair within the seed, and the interval is the t-interval over the
+    seeds' means. IML adds to HSFT by seed (the numbers of the test above): gsm8k -20 and -10,
+    mathqa +40 and +50; averaged over the cells 10 and 20: mean 15, var 50, se sqrt(50 / 2) = 5 on
+    1 df, 15 +- 12.706 * 5."""
+    cfg = _config(**{"grid.seeds_vary": ["world", "data", "pretrain", "sft", "rl"]})
+    _write_results(cfg, tmp_path / "results")
+    for path in (tmp_path / "results/eval").rglob("seed1.json"):
+        data = json.loads(path.read_text())
+        for q in data["model"]["samples"]:
+            q["id"] = f"world1-{q['id']}"
+        path.write_text(json.dumps(data))
+    build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+    index = (tmp_path / "report" / "index.md").read_text()
+    line = next(x for x in index.splitlines() if x.startswith("- IML adds to HSFT"))
+    assert "difference +15.0 [95% CI -48.5, +78.5]" in line, line
+    assert "each seed draws a world of its own" in index
+    # a seed that scored fewer questions is still refused by name
+    path = tmp_path / "results/eval/qwen2/gsm8k/MoE+HSFT/seed1.json"
+    data = json.loads(path.read_text())
+    data["model"]["samples"].pop()
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match="different numbers of questions"):
+        build(cfg, tmp_path / "results", tmp_path / "report", PROJECT / "report" / "paper_reference.yaml")
+
+
 def test_replication_table_pools_independent_runs(tmp_path: Path) -> None:
     cfg = _config(**{"report.replicates": ["t2"]})
     results = tmp_path / "results"

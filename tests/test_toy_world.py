@@ -154,3 +154,34 @@ def test_a_seed_world_draws_its_own_training_data_beside_the_shared_test_set(tmp
     assert kb[0] == kb[1] == kb[2]  # the creatures the test questions ask about
     for name in ("train.jsonl", "test.jsonl"):  # a data set not drawn is the world's
         assert filecmp.cmp(tmp_path / "world/data/mathqa" / name, tmp_path / "seed1/data/mathqa" / name, shallow=False)
+
+
+def test_a_seed_world_of_its_own_draws_its_test_questions_and_creatures_too(tmp_path: Path) -> None:
+    """grid.seeds_vary: world: seed k's world is drawn whole (train, test and StrategyQA's knowledge
+    base) from a stream of its own, the same on every build, and its questions are answerable: each
+    test question is about the seed's own creatures."""
+    drawn = ("gsm8k", "strategyqa")
+    build_world(tmp_path / "world", 0, SIZES)
+    for k in (1, 2):
+        build_world(tmp_path / f"seed{k}", 0, SIZES, draw=k, drawn=drawn, whole=True)
+    build_world(tmp_path / "again", 0, SIZES, draw=1, drawn=drawn, whole=True)
+    files = _files(tmp_path / "seed1")
+    _match, mismatch, errors = filecmp.cmpfiles(tmp_path / "seed1", tmp_path / "again", files, shallow=False)
+    assert not mismatch and not errors
+
+    def questions(world: str, ds: str, split: str) -> list[str]:
+        return [r.question for r in read_records(tmp_path / world / "data" / ds / f"{split}.jsonl")]
+
+    for ds in drawn:
+        tests = [questions(w, ds, "test") for w in ("world", "seed1", "seed2")]
+        assert all(len(t) == SIZES[ds][1] for t in tests)
+        assert len({tuple(t) for t in tests}) == 3  # each seed its own test questions
+        for world in ("seed1", "seed2"):
+            assert not set(questions(world, ds, "train")) & set(questions(world, ds, "test"))
+    kbs = [json.loads((tmp_path / w / "raw/strategyqa/knowledge_base.json").read_text()) for w in ("world", "seed1")]
+    assert kbs[0] != kbs[1]  # other creatures
+    names = {c["name"] for c in kbs[1]}
+    for question in questions("seed1", "strategyqa", "test"):
+        assert any(name in question for name in names), question
+    for name in ("train.jsonl", "test.jsonl"):  # a data set not drawn is still the world's
+        assert filecmp.cmp(tmp_path / "world/data/mathqa" / name, tmp_path / "seed1/data/mathqa" / name, shallow=False)

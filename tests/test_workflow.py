@@ -326,10 +326,34 @@ def test_whole_chain_seeds_train_their_own_base_and_sft_models(tmp_path: Path) -
     assert counts["sft"] == 2 * 2 * 3 * 2 and "tiny_model" not in counts and counts["rl"] == 2 * 2 * 3 * 7
 
 
+def test_seeds_that_draw_their_own_world_are_evaluated_on_their_own_test_questions(tmp_path: Path) -> None:
+    """grid.seeds_vary: world: seed k's evaluation, calibration and SFT evaluation read seed k's own
+    world's test split; with [data, ...] every seed is evaluated on the shared world's."""
+    design = tmp_path / "world.yaml"
+    grid_line = "grid: {models: [qwen2], datasets: [gsm8k], methods: [MEML-GRPO], seeds: [0, 1], seeds_vary: VARY}\n"
+    design.write_text(grid_line.replace("VARY", "[world, data, pretrain, sft, rl]") + "eval: {sft: true}\n")
+    dry = _run(tmp_path, "-n", "-p", "--configfile", str(SMOKE), str(design))
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    evals = [x for x in dry.stdout.splitlines() if "meml.run eval " in x]
+    assert len(evals) == 4  # two cells, two SFT models
+    for k in (0, 1):
+        own = f"--data-root results/smoke/toy/seed{k}/data "
+        assert sum(own in x for x in evals) == 2, evals
+        assert any(f"calibrate --checkpoint results/smoke/sft/qwen2/gsm8k/e0-e1-e2/seed{k}/model" in x and own in x
+                   for x in dry.stdout.splitlines())  # fmt: skip
+    assert '"seeds_vary": ["world", "data", "pretrain", "sft", "rl"]' in dry.stdout  # the seed worlds are drawn whole
+    design.write_text(grid_line.replace("VARY", "[data, pretrain, sft, rl]") + "eval: {sft: true}\n")
+    shared = _run(tmp_path, "-n", "-p", "--configfile", str(SMOKE), str(design))
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    evals = [x for x in shared.stdout.splitlines() if "meml.run eval " in x]
+    assert len(evals) == 4 and all("--data-root results/smoke/toy/data " in x for x in evals), evals
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [
         ("profile: bad\ngrid: {seeds_vary: [pretrain, rl]}\n", "grid.seeds_vary"),
+        ("profile: bad\ngrid: {seeds_vary: [world, sft, rl]}\n", "grid.seeds_vary"),
         ("profile: bad\ntoy:\n  sizez: {gsm8k: [30, 10]}\n", "sizez"),
         ("profile: bad\ngrid: {methods: [MEML-GRPO, MEML-GPRO]}\n", "grid.methods[1]"),
         ("profile: bad\nrl: {group_size: eight}\n", "group_size"),

@@ -8,7 +8,7 @@ COMPLEMENTARITY_SFT = grid.complementarity_sft_variants(config)
 rule complementarity:
     input:
         [str(LAYOUT.sft("{model}", "{ds}", v) / "DONE") for v in COMPLEMENTARITY_SFT],
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(FIRST_SEED, w.ds),
     output:
         [str(LAYOUT.complementarity("{model}", "{ds}", ext)) for ext in ("json", "png", "pdf")],
     params:
@@ -16,7 +16,7 @@ rule complementarity:
         model=",".join(str(LAYOUT.sft("{model}", "{ds}", v) / "model") for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
         env=job_env,
-        data=DATA,
+        data=test_data(FIRST_SEED),
         out=str(LAYOUT.complementarity("{model}", "{ds}")).removesuffix(".json"),
     threads: config["threads"]
     resources:

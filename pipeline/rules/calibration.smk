@@ -7,7 +7,7 @@
 rule calibrate:
     input:
         str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(grid.run_seed(w.variant), w.ds),
     output:
         str(LAYOUT.calibration("{model}", "{ds}", "{variant}")),
     params:

@@ -32,7 +32,6 @@ LAYOUT = Layout.of(config)
 W = WILDCARD_CELL
 REPORT = str(report_dir(config))
 LOGS = f"logs/{PROFILE}"
-DATA = str(LAYOUT.data_root(WORLD))  # the prepared data sets of this world (every test split is read here)
 DATASETS = config["grid"]["datasets"]
 MODELS = grid.models(config)
 CELLS = grid.cells(config)  # the grid's, then the extras' (extras.methods)
@@ -129,6 +128,20 @@ def seed_world(seed):
     (results/<profile>/toy/seed3; grid.seeds_vary: data), else the shared one."""
     sub = grid.data_folder(config, None if seed in (None, "") else int(seed))
     return str(LAYOUT.world(WORLD, sub))
+
+
+def test_data(seed):
+    """The data sets whose test questions grid seed `seed`'s models are evaluated on: the seed's own
+    where each seed draws a world of its own (grid.seeds_vary: world), else the shared world's."""
+    sub = grid.test_folder(config, None if seed in (None, "") else int(seed))
+    return str(LAYOUT.data_root(WORLD, sub))
+
+
+def test_file(seed, ds):
+    return f"{test_data(seed)}/{ds}/test.jsonl"
+
+
+FIRST_SEED = config["grid"]["seeds"][0]  # the seed of the shared analyses (base model, complementarity)
 
 
 def seed_world_files(seed):

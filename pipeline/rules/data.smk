@@ -17,13 +17,15 @@ rule toy_world:
 
 rule toy_seed_world:
     # grid.seeds_vary: data: grid seed k's own training questions and trajectories, drawn beside the
-    # shared world's test questions (and StrategyQA's creatures), which it repeats
+    # shared world's test questions (and StrategyQA's creatures), which it repeats; with world, its
+    # own test questions and creatures too
     output:
         # {{seed}}: a wildcard that expand() leaves in place
         expand(str(LAYOUT.data("toy", "{ds}", "seed{{seed}}") / "{split}.jsonl"), ds=DATASETS, split=["train", "test"]),
         expand(str(LAYOUT.experts("toy", "{ds}", "seed{{seed}}") / "e{k}.jsonl"), ds=DATASETS, k=ALL_EXPERTS),
     params:
-        cfg=cli_config("seed", "toy", "experts", only={"grid": ["datasets"]}),
+        # seeds_vary only where a seed draws a world of its own, so other designs keep their params
+        cfg=cli_config("seed", "toy", "experts", only={"grid": ["datasets", *(["seeds_vary"] if grid.varies(config, "world") else [])]}),
         out=lambda w: str(LAYOUT.world("toy", f"seed{w.seed}")),
     log:
         f"{LOGS}/toy_world/seed{{seed}}.log",

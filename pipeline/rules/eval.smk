@@ -5,7 +5,7 @@
 rule evaluate:
     input:
         str(LAYOUT.rl(W) / "DONE"),
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(w.seed, w.ds),
     output:
         str(LAYOUT.eval(W)),
     params:
@@ -15,7 +15,7 @@ rule evaluate:
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=rl_run_dir,
         env=job_env,
-        data=DATA,
+        data=lambda w: test_data(w.seed),
         headline=config["report"]["headline_expert"],
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
         log_to_run=lambda w: f"--log-to-run {rl_run_dir(w)}" if config["mlflow"]["enabled"] else "",
@@ -41,7 +41,7 @@ def base_model_path(wildcards):
 rule evaluate_base:
     input:
         base_model_files,
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(FIRST_SEED, w.ds),
     output:
         str(LAYOUT.eval_base("{model}", "{ds}")),
     params:
@@ -51,7 +51,7 @@ rule evaluate_base:
         experts=",".join(str(k) for k in ALL_EXPERTS),
         model=base_model_path,
         env=job_env,
-        data=DATA,
+        data=test_data(FIRST_SEED),
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -67,7 +67,7 @@ rule evaluate_base:
 rule evaluate_sft:
     input:
         str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(grid.run_seed(w.variant), w.ds),
     output:
         str(LAYOUT.eval_sft("{model}", "{ds}", "{variant}")),
     params:
@@ -77,7 +77,7 @@ rule evaluate_sft:
         experts=",".join(str(k) for k in ALL_EXPERTS),
         model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
         env=job_env,
-        data=DATA,
+        data=lambda w: test_data(grid.run_seed(w.variant)),
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -92,7 +92,7 @@ rule evaluate_sft:
 rule evaluate_trl:
     input:
         str(LAYOUT.trl(W) / "DONE"),
-        test=str(LAYOUT.data(WORLD, "{ds}") / "test.jsonl"),
+        test=lambda w: test_file(w.seed, w.ds),
     output:
         str(LAYOUT.trl(W) / "eval.json"),
     params:
@@ -102,7 +102,7 @@ rule evaluate_trl:
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         model=lambda w: shlex.quote(str(LAYOUT.trl(grid.Cell(w.model, w.ds, w.method, w.seed)) / "model")),
         env=job_env,
-        data=DATA,
+        data=lambda w: test_data(w.seed),
     threads: config["threads"]
     resources:
         gpu=GPU,

@@ -15,14 +15,15 @@ from meml.data.experts import prompts_of
 
 def toy_world(cfg: dict[str, Any], out: str, draw: int | None = None) -> list[dict[str, Any]]:
     """The toy world of the config's seed; with `draw` (a grid seed, grid.seeds_vary: data) that
-    seed's own world: the grid's data sets get its own training questions and trajectories."""
+    seed's own world: the grid's data sets get its own training questions and trajectories, and
+    with grid.seeds_vary: world its own test questions and StrategyQA creatures too."""
     from meml.data.toy.world import build_world
 
     sizes = {ds: tuple(v) for ds, v in cfg["toy"]["sizes"].items()}
     toy = cfg["toy"]
     return build_world(
         out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"],  # type: ignore[arg-type]
-        draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (),
+        draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (), "world" in cfg["grid"].get("seeds_vary", ()),
     )  # fmt: skip
 
 

@@ -53,15 +53,24 @@ CHAIN_STRIDE = 1000  # seed k's pretraining and SFT seed: config seed + 1000 k (
 
 
 def varies(cfg: dict[str, Any], stage: str) -> bool:
-    """Whether a grid seed retrains this stage (pretrain, sft or rl) or redraws its data (data)."""
+    """Whether a grid seed retrains this stage (pretrain, sft or rl), redraws its data (data) or draws
+    a world of its own (world)."""
     return stage in cfg["grid"]["seeds_vary"]
 
 
 def data_folder(cfg: dict[str, Any], seed: int | None) -> str:
     """The folder below results/<profile>/toy/ of grid seed `seed`'s own world where seeds redraw
     the data (grid.seeds_vary: data): seed3. Its training questions and expert trajectories are its
-    own, its test questions the shared world's. "" for the shared world."""
+    own, its test questions the shared world's (or its own: grid.seeds_vary world). "" for the
+    shared world."""
     return f"seed{seed}" if seed is not None and varies(cfg, "data") else ""
+
+
+def test_folder(cfg: dict[str, Any], seed: int | None) -> str:
+    """The folder below results/<profile>/<world>/ whose test questions grid seed `seed`'s models
+    are evaluated on: the seed's own world where seeds draw their own (grid.seeds_vary: world),
+    else the shared world's ("")."""
+    return data_folder(cfg, seed) if varies(cfg, "world") else ""
 
 
 def stage_seed(cfg: dict[str, Any], seed: int | None) -> int:
@@ -252,18 +261,24 @@ def cell_key(cfg: dict[str, Any], cell: Cell) -> str:
 def check(cfg: dict[str, Any], n_prompts: int) -> None:
     """Checks across keys that the JSON schema cannot express; each error names its key."""
     vary = cfg["grid"]["seeds_vary"]
-    if "rl" not in vary or ("pretrain" in vary and "sft" not in vary) or ("data" in vary and "sft" not in vary):
+    if (
+        "rl" not in vary
+        or ("pretrain" in vary and "sft" not in vary)
+        or ("data" in vary and "sft" not in vary)
+        or ("world" in vary and not {"data", "pretrain"} <= set(vary))
+    ):
         raise DataError(
             f"seeds_vary {vary}: a seed always retrains RL, a seed that retrains pretraining retrains SFT "
-            "from it, and a seed that redraws the data retrains SFT and RL on them; use [rl], [sft, rl], "
-            "[pretrain, sft, rl], [data, sft, rl] or [data, pretrain, sft, rl]",
+            "from it, a seed that redraws the data retrains SFT and RL on them, and a seed that draws its own "
+            "world redraws the data and retrains everything; use [rl], [sft, rl], [pretrain, sft, rl], "
+            "[data, sft, rl], [data, pretrain, sft, rl] or [world, data, pretrain, sft, rl]",
             None,
             None,
             "grid.seeds_vary",
         )
     if "data" in vary and cfg["world"] != "toy":
         raise DataError(
-            "seeds_vary [data]: only the toy world can draw new training data; a real data set has one",
+            "seeds_vary [data] or [world]: only the toy world can draw new data; a real data set has one",
             None,
             None,
             "grid.seeds_vary",
@@ -360,6 +375,16 @@ STAGE_SCOPES = {"pretrain": ["pretrain", "sft", "rl"], "sft": ["sft", "rl"], "rl
 def check_stages(cfg: dict[str, Any]) -> None:
     """Each run named in report.stages must retrain less than this one, or it splits nothing off."""
     vary = cfg["grid"]["seeds_vary"]
+    if cfg["report"]["stages"] and varies(cfg, "world"):
+        key = next(iter(cfg["report"]["stages"]))
+        raise DataError(
+            "the stage split compares runs on the same test questions, and this run's seeds draw worlds of their "
+            "own (grid.seeds_vary: world): run it on a design whose test questions are shared ([data, pretrain, "
+            "sft, rl])",
+            None,
+            None,
+            f"report.stages.{key}",
+        )
     for key in cfg["report"]["stages"]:
         if not set(STAGE_SCOPES[key]) < set(vary):
             raise DataError(

@@ -4,7 +4,8 @@
 The SFT models are evaluated by the same lm-eval task, checker, questions and length cap as the
 cells (eval.sft: rule evaluate_sft). A cell's seed k is paired with the SFT model seed k started
 from (one shared model where seeds retrain RL only), question by question, so the difference's
-interval is stats.cell_estimate's: over seeds and questions, or over questions alone with one seed.
+interval is stats.cell_estimate's: over seeds and questions, over questions alone with one seed, or
+over seeds alone where each seed has its own test questions (grid.seeds_vary: world).
 IML's mechanism shows here if anywhere: the weaker experts' prompts should gain more than the
 strongest's, since IML pulls them towards its answers.
 """
@@ -28,7 +29,7 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
     """(question ids, correct[seed, question]) of the SFT model each seed of the cell started from,
     under one expert's prompt, or ("vote") the majority vote of the prompts the cell is evaluated
     under, by evaluation's tie rule, in the report's checker mode."""
-    cfg, rows, ids = results.cfg, [], None
+    cfg, rows, ids, own = results.cfg, [], None, []
     experts = cfg["methods"][method]["sft_experts"]
     for seed in cfg["grid"]["seeds"]:
         path = results.layout.eval_sft(model, ds, grid.sft_run(cfg, experts, seed))
@@ -36,7 +37,8 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
             raise DataError("the SFT model's evaluation is missing (eval.sft: true runs it)", path)
         samples = read_json(path)["model"].get("samples") or []
         these = [q["id"] for q in samples]
-        if ids is not None and these != ids:
+        own += these
+        if ids is not None and (len(these) != len(ids) or (these != ids and not results.nested)):
             raise DataError("the SFT models of this cell were evaluated on different questions", path)
         ids = these
         if expert == "vote":  # among the cell's own voters (the SFT model answered under every prompt)
@@ -45,7 +47,7 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
             rows.append([answers_match(c, q["gold"], ds) for c, q in zip(chosen, samples, strict=True)])
         else:
             rows.append([bool(q[expert][f"{results.metric}_correct"]) for q in samples])
-    return ids or [], np.asarray(rows, dtype=np.float64)
+    return (own if results.nested else ids or []), np.asarray(rows, dtype=np.float64)
 
 
 def gain(results: Results, model: str, ds: str, method: str, expert: str) -> stats.Estimate:
@@ -55,7 +57,7 @@ def gain(results: Results, model: str, ds: str, method: str, expert: str) -> sta
     if rl_ids != sft_ids:
         where = results.layout.eval(grid.Cell(model, ds, method, results.cfg["grid"]["seeds"][0]))
         raise DataError("the cell and its SFT model were evaluated on different questions", where)
-    return stats.cell_estimate(100 * (rl - sft))
+    return stats.cell_estimate(100 * (rl - sft), results.nested)
 
 
 def _cell(accuracy: float, est: stats.Estimate, level: float) -> str:

@@ -30,6 +30,7 @@ class Results:
         self.metric = cfg["reward"]["mode"]  # the checker mode the tables report
         self.headline = f"e{cfg['report']['headline_expert']}"
         self.layout = Layout(self.root)
+        self.nested = grid.varies(cfg, "world")  # each seed evaluated on its own world's questions
         self.evals: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self._steps: dict[grid.Cell, list[dict[str, float]]] = {}
         for cell in grid.cells(cfg):
@@ -77,9 +78,12 @@ class Results:
     def correct(self, model: str, ds: str, method: str, expert: str | None = None) -> tuple[list[str], np.ndarray]:
         """(question ids, correct[seed, question] as 0/1) of one expert's prompt, or of the majority
         vote with expert="vote", in the report's checker mode. Every seed must have scored the same
-        questions in the same order: the comparisons pair them."""
+        questions in the same order: the comparisons pair them. Where each seed draws a world of its
+        own (grid.seeds_vary: world) each seed has its own questions, and the ids are every seed's in
+        turn (what a paired partner must have scored, seed by seed)."""
         expert = expert or self.headline
         ids: list[str] | None = None
+        own: list[str] = []
         rows = []
         for seed, e in zip(self.cfg["grid"]["seeds"], self.evals[(model, ds, method)], strict=True):
             samples = e.get("samples")
@@ -87,14 +91,17 @@ class Results:
             if not samples:
                 raise DataError("evaluation has no per-question samples (re-run the evaluation)", where)
             these = [q["id"] for q in samples]
-            if ids is not None and these != ids:
+            own += these
+            if ids is not None and len(these) != len(ids):
+                raise DataError("the seeds of this cell were evaluated on different numbers of questions", where)
+            if ids is not None and these != ids and not self.nested:
                 raise DataError("the seeds of this cell were evaluated on different questions", where)
             ids = these
             if expert == "vote":
                 rows.append([answers_match(q[f"majority_vote_{self.metric}"], q["gold"], ds) for q in samples])
             else:
                 rows.append([bool(q[expert][f"{self.metric}_correct"]) for q in samples])
-        return ids or [], np.asarray(rows, dtype=np.float64)
+        return (own if self.nested else ids or []), np.asarray(rows, dtype=np.float64)
 
     def golds(self, model: str, ds: str, method: str) -> list[str]:
         """The gold answers of the cell's test questions (for the chance level of a split)."""
@@ -178,5 +185,5 @@ def cells_average(cfg: dict[str, Any], models: list[str], cells: list[np.ndarray
     whatever the cells share, so a hub model's cells may join them); otherwise the cells are
     independent runs and their variances add (stats.average)."""
     if grid.varies(cfg, "data") or (grid.varies(cfg, "pretrain") and any(grid.tiny_folder(cfg, m) for m in models)):
-        return stats.joint_average(cells)
+        return stats.joint_average(cells, grid.varies(cfg, "world"))
     return stats.average([stats.cell_estimate(x) for x in cells])

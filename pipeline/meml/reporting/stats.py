@@ -23,7 +23,11 @@ With one seed the interval covers the test sample only; with one question per se
 quantity such as the final training reward) it is the t-interval over seeds. An average over
 independent cells adds their variances (`average`); cells whose seed k starts from one shared
 model (seed k's pretrained base, read by every data set's SFT) are not independent, and are
-averaged seed by seed (`joint_average`). Why not a bootstrap: with 5 seeds a resampling
+averaged seed by seed (`joint_average`). Where each seed draws a world of its own (grid.seeds_vary:
+world), its test questions are its own: the questions are nested in the seeds, row s's question q
+is not row t's, and the seed's mean carries its world, its training and its test draw at once.
+Then (`nested`) Var(mean) = var_s(row means) / S on S - 1 df, the t-interval over seeds: a
+question term of its own would count the test draw twice. Why not a bootstrap: with 5 seeds a resampling
 interval is too narrow (it has 5 distinct seed sets to draw from), and this estimator is exact
 enough to check by hand.
 """
@@ -69,8 +73,10 @@ def _t(p: float, df: float) -> float:
     return float(sps.t.ppf(p, max(df, 1.0)))
 
 
-def cell_estimate(x: np.ndarray) -> Estimate:
-    """The mean of an S x n matrix (seeds x questions) with the crossed-effects standard error."""
+def cell_estimate(x: np.ndarray, nested: bool = False) -> Estimate:
+    """The mean of an S x n matrix (seeds x questions) with the crossed-effects standard error, or
+    with questions nested in the seeds (`nested`: each seed's own test questions) the t-interval
+    over the seeds' means."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.size == 0:
         raise ValueError(f"expected a non-empty seeds x questions matrix, got shape {x.shape}")
@@ -78,6 +84,9 @@ def cell_estimate(x: np.ndarray) -> Estimate:
     mean = float(x.mean())
     if n_seeds == 1 and n_q == 1:
         return Estimate(mean, math.nan, 0.0)
+    if nested and n_seeds > 1:
+        rows = x.mean(axis=1)
+        return Estimate(mean, float(rows.std(ddof=1) / math.sqrt(n_seeds)), float(n_seeds - 1))
     if n_seeds == 1 or n_q == 1:  # one random effect: the plain t-interval over the other axis
         values = x.ravel()
         return Estimate(mean, float(values.std(ddof=1) / math.sqrt(values.size)), float(values.size - 1))
@@ -109,13 +118,21 @@ class Components:
     seed_variance: float
 
 
-def components(x: np.ndarray) -> Components:
+def components(x: np.ndarray, nested: bool = False) -> Components:
     """E[MS_seed] = n s2_seed + s2_e, E[MS_q] = S s2_q + s2_e, E[MS_e] = s2_e: seed sd
-    sqrt(s2_seed), test sd sqrt((s2_q + s2_e) / n). Needs 2 or more seeds and questions."""
+    sqrt(s2_seed), test sd sqrt((s2_q + s2_e) / n). Needs 2 or more seeds and questions. With the
+    questions nested in the seeds (`nested`), one-way: E[MS_seed] = n s2_seed + s2_w, E[MS_w] =
+    s2_w (the spread within a seed, the test draw's): seed sd sqrt(s2_seed), test sd sqrt(s2_w / n)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or min(x.shape) < 2:
         raise ValueError(f"variance components need 2 or more seeds and questions, got shape {x.shape}")
     n_seeds, n_q = x.shape
+    if nested:
+        rows = x.mean(axis=1)
+        ms_s = n_q * float(rows.var(ddof=1))
+        ms_w = float(((x - rows[:, None]) ** 2).sum()) / (n_seeds * (n_q - 1))
+        s2_seed = (ms_s - ms_w) / n_q
+        return Components(math.sqrt(max(0.0, s2_seed)), math.sqrt(ms_w / n_q), n_seeds, n_q, s2_seed)
     ms_s, ms_q, ms_e = _mean_squares(x)
     s2_seed = (ms_s - ms_e) / n_q
     s2_q = max(0.0, (ms_q - ms_e) / n_seeds)
@@ -166,7 +183,7 @@ def average(estimates: Sequence[Estimate]) -> Estimate:
     return Estimate(mean, math.sqrt(sum(v for v, _ in variances)), _satterthwaite(variances))
 
 
-def joint_average(matrices: Sequence[np.ndarray]) -> Estimate:
+def joint_average(matrices: Sequence[np.ndarray], nested: bool = False) -> Estimate:
     """The mean of K cells whose row s is the same seed s in every cell (seed s's runs share its
     pretrained base, so their errors are correlated across cells: adding the cells' variances would
     leave the covariance out). With y_s the seed's average over the cells' question means,
@@ -176,20 +193,22 @@ def joint_average(matrices: Sequence[np.ndarray]) -> Estimate:
     var_s(y_s) holds the seed effects, their covariances across cells and the residuals; the
     questions, the same for every seed, move every y_s alike, so their part is added per cell where
     it is positive (as in cell_estimate). One cell is cell_estimate; one seed leaves nothing to
-    correlate, so it is the independent `average`. Degrees of freedom: Satterthwaite."""
+    correlate, so it is the independent `average`. Degrees of freedom: Satterthwaite. With the
+    questions nested in the seeds (`nested`), var_s(y_s) / S alone on S - 1 df: y_s holds seed s's
+    test draw too."""
     xs = [np.asarray(x, dtype=np.float64) for x in matrices]
     if not xs:
         raise ValueError("nothing to average")
     if any(x.ndim != 2 or x.size == 0 for x in xs) or len({x.shape[0] for x in xs}) != 1:
         raise ValueError(f"expected seeds x questions matrices with the same seeds, got {[x.shape for x in xs]}")
     if len(xs) == 1:
-        return cell_estimate(xs[0])
+        return cell_estimate(xs[0], nested)
     n_seeds, k = xs[0].shape[0], len(xs)
     if n_seeds == 1:
         return average([cell_estimate(x) for x in xs])
     per_seed = np.mean([x.mean(axis=1) for x in xs], axis=0)  # y_s
     parts = [(float(per_seed.var(ddof=1)) / n_seeds, float(n_seeds - 1))]
-    for x in xs:
+    for x in xs if not nested else ():
         n_q = x.shape[1]
         if n_q < 2:
             continue

@@ -294,28 +294,33 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
     if len(cfg["grid"]["seeds"]) < 2:
         return []
     vary = ", ".join(cfg["grid"]["seeds_vary"])
+    nested = grid.varies(cfg, "world")
+    if nested:
+        data = "each seed draws a world of its own, its test questions too). "
+    elif grid.varies(cfg, "data"):
+        data = "each seed draws its own training data, the test questions are shared). "
+    else:
+        data = "the data are the same for every seed). "
     lines = [
         "",
-        f"Where the spread comes from (a seed retrains: {vary}; "
-        + (
-            "each seed draws its own training data, the test questions are shared). "
-            if grid.varies(cfg, "data")
-            else "the data are the same for every seed). "
-        )
-        + "Standard deviation of one run's accuracy, in points: across seeds (training) and across draws of "
-        "the test questions (method of moments on the seeds x questions matrix, per cell):",
+        f"Where the spread comes from (a seed retrains: {vary}; {data}"
+        "Standard deviation of one run's accuracy, in points: across seeds (training"
+        + (" and the world" if nested else "")
+        + ") and across draws of the test questions (method of moments on the seeds x questions matrix, per cell"
+        + (", the questions nested in the seeds" if nested else "")
+        + "):",
     ]
     models, datasets = grid.models(cfg), cfg["grid"]["datasets"]
     for model in models:
         for ds in datasets:
             parts = []
             for method in grid.methods(cfg):
-                c = stats.components(summary._matrix(model, ds, method, "accuracy")[1])
+                c = stats.components(summary._matrix(model, ds, method, "accuracy")[1], nested)
                 parts.append(f"{method} {c.seed:.1f} / {c.test:.1f}")
             lines.append(f"- {model} x {ds}, training / test: {'; '.join(parts)}.")
             for a, b in pairs:
                 d = stats.components(
-                    summary._matrix(model, ds, a, "accuracy")[1] - summary._matrix(model, ds, b, "accuracy")[1]
+                    summary._matrix(model, ds, a, "accuracy")[1] - summary._matrix(model, ds, b, "accuracy")[1], nested
                 )
                 lines.append(f"  - {a} - {b}: training {d.seed:.1f}, test {d.test:.1f}.")
     return lines

@@ -157,13 +157,16 @@ def build_dataset(
     gsm8k_max_ops: int | None = None,
     mathqa_small: bool = False,
     draw: int | None = None,
+    whole: bool = False,
 ) -> dict[str, Any]:
     """Generate one toy data set and its expert trajectories; returns a small summary. With `draw`
     (grid.seeds_vary: data) the training questions and trajectories are that draw's own and the
-    test questions the world's (see _drawn_train)."""
+    test questions the world's (see _drawn_train); with `whole` too (grid.seeds_vary: world) the
+    draw is a world of its own: its test questions and StrategyQA's creatures as well."""
     root = Path(root)
-    if draw is None:
-        records, render = _generate(root, dataset, str(seed), n_train, n_test, gsm8k_max_ops, mathqa_small)
+    if draw is None or whole:
+        name = str(seed) if draw is None else f"{seed}-world{draw}"
+        records, render = _generate(root, dataset, name, n_train, n_test, gsm8k_max_ops, mathqa_small)
         train = [r for r in records if r.split == "train"]
         test = [r for r in records if r.split == "test"]
     else:
@@ -212,11 +215,15 @@ def build_world(
     mathqa_small: bool = False,
     draw: int | None = None,
     drawn: tuple[str, ...] = (),
+    whole: bool = False,
 ) -> list[dict[str, Any]]:
     """Every data set of `sizes`; with `draw`, the data sets in `drawn` get that draw's own
-    training questions (a grid seed's world: build_dataset), the others are the world's."""
+    training questions, or with `whole` a world of their own (a grid seed's world: build_dataset),
+    the others are the world's."""
     return [
-        build_dataset(root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small, draw if ds in drawn else None)
+        build_dataset(
+            root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small, draw if ds in drawn else None, whole
+        )
         for ds in DATASETS
         if ds in sizes
     ]
