@@ -16,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from meml.core.answers import answers_match
 from meml.core.io import DataError, read_json
-from meml.evaluation.evaluate import majority_vote
 from meml.plan import grid
 from meml.reporting import stats
-from meml.reporting.results import Results
+from meml.reporting.results import Results, correct_by_seed
 from meml.reporting.tables import DATASET_TITLES, MISSING, Table, model_label
 
 
@@ -29,25 +27,17 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
     """(question ids, correct[seed, question]) of the SFT model each seed of the cell started from,
     under one expert's prompt, or ("vote") the majority vote of the prompts the cell is evaluated
     under, by evaluation's tie rule, in the report's checker mode."""
-    cfg, rows, ids, own = results.cfg, [], None, []
+    cfg, evaluations = results.cfg, []
     experts = cfg["methods"][method]["sft_experts"]
     for seed in cfg["grid"]["seeds"]:
         path = results.layout.eval_sft(model, ds, grid.sft_run(cfg, experts, seed))
         if not path.is_file():
             raise DataError("the SFT model's evaluation is missing (eval.sft: true runs it)", path)
-        samples = read_json(path)["model"].get("samples") or []
-        these = [q["id"] for q in samples]
-        own += these
-        if ids is not None and (len(these) != len(ids) or (these != ids and not results.nested)):
-            raise DataError("the SFT models of this cell were evaluated on different questions", path)
-        ids = these
-        if expert == "vote":  # among the cell's own voters (the SFT model answered under every prompt)
-            voters = [f"e{k}" for k in grid.eval_experts(cfg, method)]
-            chosen = [majority_vote([q[e][results.metric] for e in voters]) for q in samples]
-            rows.append([answers_match(c, q["gold"], ds) for c, q in zip(chosen, samples, strict=True)])
-        else:
-            rows.append([bool(q[expert][f"{results.metric}_correct"]) for q in samples])
-    return (own if results.nested else ids or []), np.asarray(rows, dtype=np.float64)
+        evaluations.append((path, read_json(path)["model"].get("samples") or []))
+    voters = [f"e{k}" for k in grid.eval_experts(cfg, method)]  # the SFT model answered under every prompt
+    return correct_by_seed(
+        evaluations, ds, results.metric, expert, results.nested, voters, "the SFT models of this cell"
+    )
 
 
 def gain(results: Results, model: str, ds: str, method: str, expert: str) -> stats.Estimate:

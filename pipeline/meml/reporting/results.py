@@ -8,6 +8,7 @@ training curve, per seed, and per question for the paired comparisons of the sum
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 from meml.core.answers import answers_match
 from meml.core.io import DataError, read_json
 from meml.core.tracking import read_metrics
+from meml.evaluation.evaluate import majority_vote
 from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting import stats
@@ -76,32 +78,13 @@ class Results:
         return self.per_seed([model], self.cfg["grid"]["datasets"], method)
 
     def correct(self, model: str, ds: str, method: str, expert: str | None = None) -> tuple[list[str], np.ndarray]:
-        """(question ids, correct[seed, question] as 0/1) of one expert's prompt, or of the majority
-        vote with expert="vote", in the report's checker mode. Every seed must have scored the same
-        questions in the same order: the comparisons pair them. Where each seed draws a world of its
-        own (grid.seeds_vary: world) each seed has its own questions, and the ids are every seed's in
-        turn (what a paired partner must have scored, seed by seed)."""
-        expert = expert or self.headline
-        ids: list[str] | None = None
-        own: list[str] = []
-        rows = []
-        for seed, e in zip(self.cfg["grid"]["seeds"], self.evals[(model, ds, method)], strict=True):
-            samples = e.get("samples")
-            where = self.layout.eval(grid.Cell(model, ds, method, seed))
-            if not samples:
-                raise DataError("evaluation has no per-question samples (re-run the evaluation)", where)
-            these = [q["id"] for q in samples]
-            own += these
-            if ids is not None and len(these) != len(ids):
-                raise DataError("the seeds of this cell were evaluated on different numbers of questions", where)
-            if ids is not None and these != ids and not self.nested:
-                raise DataError("the seeds of this cell were evaluated on different questions", where)
-            ids = these
-            if expert == "vote":
-                rows.append([answers_match(q[f"majority_vote_{self.metric}"], q["gold"], ds) for q in samples])
-            else:
-                rows.append([bool(q[expert][f"{self.metric}_correct"]) for q in samples])
-        return (own if self.nested else ids or []), np.asarray(rows, dtype=np.float64)
+        """(question ids, correct[seed, question] as 0/1) of one expert's prompt (default: the
+        headline expert), or of the majority vote with expert="vote" (correct_by_seed)."""
+        evaluations = [
+            (self.layout.eval(grid.Cell(model, ds, method, seed)), e.get("samples") or [])
+            for seed, e in zip(self.cfg["grid"]["seeds"], self.evals[(model, ds, method)], strict=True)
+        ]
+        return correct_by_seed(evaluations, ds, self.metric, expert or self.headline, self.nested)
 
     def golds(self, model: str, ds: str, method: str) -> list[str]:
         """The gold answers of the cell's test questions (for the chance level of a split)."""
@@ -127,6 +110,45 @@ class Results:
         """A metric per step, averaged over seeds."""
         runs = self.curves(model, ds, method, metric)
         return [statistics.fmean(step) for step in zip(*runs, strict=True)] if runs else []
+
+
+def correct_by_seed(
+    evaluations: Sequence[tuple[Path, list[dict[str, Any]]]],
+    ds: str,
+    metric: str,
+    column: str,
+    nested: bool,
+    voters: Sequence[str] | None = None,
+    whose: str = "the seeds of this cell",
+) -> tuple[list[str], np.ndarray]:
+    """(question ids, correct[seed, question] as 0/1) of evaluations, one a seed (its file, for the
+    errors, and its per-question samples), in checker mode `metric`: under one expert's prompt
+    (column "e1"), or the majority vote ("vote"): the one evaluation stored, or among `voters`'
+    prompts by evaluation's tie rule. Every reader of per-question results comes here. The seeds
+    must have scored the same questions in the same order (the comparisons pair them); where each
+    seed draws a world of its own (`nested`, grid.seeds_vary: world) the same number of its own
+    questions, and the ids are every seed's in turn: what a paired partner must have scored."""
+    first: list[str] | None = None
+    ids: list[str] = []
+    rows = []
+    for where, samples in evaluations:
+        if not samples:
+            raise DataError("evaluation has no per-question samples (re-run the evaluation)", where)
+        these = [q["id"] for q in samples]
+        if first is not None and len(these) != len(first):
+            raise DataError(f"{whose} were evaluated on different numbers of questions", where)
+        if first is not None and these != first and not nested:
+            raise DataError(f"{whose} were evaluated on different questions", where)
+        first = first or these
+        ids += these
+        if column == "vote" and voters:
+            chosen = [majority_vote([q[e][metric] for e in voters]) for q in samples]
+            rows.append([answers_match(c, q["gold"], ds) for c, q in zip(chosen, samples, strict=True)])
+        elif column == "vote":
+            rows.append([answers_match(q[f"majority_vote_{metric}"], q["gold"], ds) for q in samples])
+        else:
+            rows.append([bool(q[column][f"{metric}_correct"]) for q in samples])
+    return (ids if nested else first or []), np.asarray(rows, dtype=np.float64)
 
 
 def cut_note(reports: list[dict[str, Any]], mode: str, trained: bool = True) -> str:

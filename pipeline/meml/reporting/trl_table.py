@@ -18,7 +18,7 @@ from meml.core.tracking import read_metrics
 from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting import stats
-from meml.reporting.results import Results
+from meml.reporting.results import Results, correct_by_seed
 from meml.reporting.tables import DATASET_TITLES, Table, model_label
 
 
@@ -31,7 +31,7 @@ def _trl_correct(results: Results, cell: grid.Cell, expert: str) -> tuple[list[s
     if not path.is_file():
         raise DataError("the trl run's evaluation is missing (trl.methods runs it)", path)
     samples = read_json(path)["model"].get("samples") or []
-    return [q["id"] for q in samples], np.asarray([[bool(q[expert][f"{results.metric}_correct"]) for q in samples]])
+    return correct_by_seed([(path, samples)], cell.dataset, results.metric, expert, nested=False)
 
 
 def _speed(rows: list[dict[str, float]]) -> tuple[float, float]:
