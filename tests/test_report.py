@@ -323,6 +323,7 @@ def test_seeds_with_worlds_of_their_own_pair_within_the_seed_and_take_the_interv
     line = next(x for x in index.splitlines() if x.startswith("- IML adds to HSFT"))
     assert "difference +15.0 [95% CI -48.5, +78.5]" in line, line
     assert "each seed draws a world of its own" in index
+    assert "(same seeds, each on its own world's test questions) with a 95% interval over the seeds" in index
     # a seed that scored fewer questions is still refused by name
     path = tmp_path / "results/eval/qwen2/gsm8k/MoE+HSFT/seed1.json"
     data = json.loads(path.read_text())

@@ -252,9 +252,15 @@ def render(cfg: dict[str, Any], results: Results, root: Path, decision: Decision
     lines = [
         f"Accuracy: expert {cfg['report']['headline_expert']}'s prompt ({results.metric} checker), averaged over "
         f"{', '.join(models)} x {', '.join(datasets)}; {summary.seeds} seed(s). Each line: the paired difference "
-        f"(same questions, same seeds) with a {100 * s['level']:.0f}% interval over seeds and questions (crossed "
-        "random effects, t with Satterthwaite's df: docs/grid.md, Verdicts); "
-        f"{tests} of {len(comparisons)} comparisons tested, p-values adjusted together (Holm). A verdict needs the "
+        + (
+            f"(same seeds, each on its own world's test questions) with a {100 * s['level']:.0f}% interval over the "
+            "seeds (the t-interval of the seeds' means, each carrying its world, training and test draw: docs/grid.md, "
+            "Seeds); "
+            if results.nested
+            else f"(same questions, same seeds) with a {100 * s['level']:.0f}% interval over seeds and questions "
+            "(crossed random effects, t with Satterthwaite's df: docs/grid.md, Verdicts); "
+        )
+        + f"{tests} of {len(comparisons)} comparisons tested, p-values adjusted together (Holm). A verdict needs the "
         f"adjusted p below {1 - s['level']:.2f} (each interval is for its own comparison, so with several tests "
         "one can exclude 0 and still be inconclusive); "
         f"'matches' means within {s['margin']} points; no verdict at floor or chance, or with fewer than "
