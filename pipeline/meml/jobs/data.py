@@ -11,6 +11,7 @@ from meml.core import tracking
 from meml.core.io import atomic_write_json
 from meml.core.records import Record, check_dataset_name, read_records, write_records
 from meml.data.experts import prompts_of
+from meml.plan import grid
 
 
 def toy_world(cfg: dict[str, Any], out: str, draw: int | None = None) -> list[dict[str, Any]]:
@@ -23,7 +24,7 @@ def toy_world(cfg: dict[str, Any], out: str, draw: int | None = None) -> list[di
     toy = cfg["toy"]
     return build_world(
         out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"],  # type: ignore[arg-type]
-        draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (), "world" in cfg["grid"].get("seeds_vary", ()),
+        draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (), grid.varies(cfg, "world"),
     )  # fmt: skip
 
 

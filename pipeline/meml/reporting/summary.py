@@ -300,7 +300,7 @@ def _spread_lines(summary: Summary, pairs: list[tuple[str, str]]) -> list[str]:
     if len(cfg["grid"]["seeds"]) < 2:
         return []
     vary = ", ".join(cfg["grid"]["seeds_vary"])
-    nested = grid.varies(cfg, "world")
+    nested = summary.results.nested
     if nested:
         data = "each seed draws a world of its own, its test questions too). "
     elif grid.varies(cfg, "data"):
