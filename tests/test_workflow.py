@@ -435,5 +435,10 @@ def test_a_target_naming_what_the_config_lacks_fails_before_any_job_with_the_val
         with pytest.raises(DataError, match=re.escape(says)):
             targets.check(cfg, [target])
     targets.check(cfg, ["results/toy/eval/llama/mathqa/MoE+IML/seed0.json", "report/toy/index.md", "all"])
+    # the base and SFT models' evaluations are named by no method (eval.base, eval.sft)
+    targets.check(cfg, ["results/toy/eval/qwen2/gsm8k/base.json", "results/toy/eval/qwen2/gsm8k/sft/e0-e1-e2.json",
+                        "results/toy/eval/qwen2/gsm8k/sft/e1/seed2.json"])  # fmt: skip
+    with pytest.raises(DataError, match=re.escape("unknown method 'sft.json'")):
+        targets.check(cfg, ["results/toy/eval/qwen2/gsm8k/sft.json"])
     assert targets.named_on(["-n", "--forcerun=results/toy/x", "results/toy/y", "--cores", "2"]) == [
         "results/toy/x", "results/toy/y"]  # fmt: skip

@@ -32,6 +32,8 @@ def _problem(cfg: dict[str, Any], parts: list[str]) -> str | None:
         return f"unknown model '{model}'; this config's models: {', '.join(cfg['models'])}"
     if len(rest) > 1 and rest[1] not in DATASETS:
         return f"unknown data set '{rest[1]}'; the data sets: {', '.join(DATASETS)}"
+    if stage == "eval" and len(rest) > 2 and (rest[2] == "base.json" or rest[2] == "sft"):
+        return None  # the base and SFT models' evaluations (eval.base, eval.sft): no method, no cell
     if stage in CELL_STAGES and len(rest) > 2:
         method = rest[2]
         if method not in cfg["methods"]:
