@@ -2,7 +2,7 @@
 
 The resolution test asks the package registries (pip --dry-run, nothing installed). Where the index
 serves no separate metadata pip downloads whole wheels to read it: torch's CUDA build and the
-nvidia libraries, several GB, 2 minutes with pip's cache and far more on a fresh machine. So it
+nvidia libraries, several GB: 2 to 35 minutes on this project's machines, by the network. So it
 runs on request (MEML_PIP_TESTS=1) and, when it passes, records the digest of what it resolved
 (the lock and pyproject.toml's requirements) in tests/gpu-lock.resolved; an always-run test fails,
 naming the command, once either changes without a new resolution."""
