@@ -92,3 +92,24 @@ def test_every_shipped_config_validates_and_names_existing_profiles() -> None:
         missing = [name for name in named if name not in profiles]
         assert not missing, f"{path.name} names runs no shipped config or recipe makes: {missing}"
     assert {"toy-study", "toy-study-replica", "quick"} <= profiles
+
+
+def test_the_real_learn_recipe_lays_over_the_real_model_recipe() -> None:
+    """`make real-learn`'s two commands: config/real-learn.yaml over config/real-model.yaml, the first
+    without trl's run (--config trl='{methods: []}'), the second with it; the same cells in both."""
+    from meml.core.config import DEFAULT_CONFIG, deep_merge, validate
+    from meml.plan import grid
+
+    layers = [DEFAULT_CONFIG, PROJECT / "config/real-model.yaml", PROJECT / "config/real-learn.yaml"]
+    merged: dict = {}
+    for path in layers:
+        merged = deep_merge(merged, yaml.safe_load(path.read_text()))
+    second = validate(merged, "real-learn")
+    first = validate(deep_merge(merged, {"trl": {"methods": []}}), "real-learn")
+    assert second["trl"]["methods"] == ["Expert1-SFT-GRPO"] and first["trl"]["methods"] == []
+    assert second["rl"]["engine"] == "vllm" and second["eval"]["backend"] == "vllm" and second["eval"]["sft"]
+    assert second["eval"]["questions"] >= 300 and second["profile"] == "real-learn"
+    assert [grid.cell_values(first, c) for c in grid.cells(first)] == [
+        grid.cell_values(second, c) for c in grid.cells(second)
+    ]
+    assert "trl='{methods: []}'" in (PROJECT / "Makefile").read_text()

@@ -68,7 +68,7 @@ def test_the_gain_is_the_paired_difference_with_its_interval(world: tuple[dict, 
 
 def test_the_table_shows_each_expert_and_the_vote(world: tuple[dict, Path]) -> None:
     cfg, root = world
-    table = learning_table(cfg, Results(cfg, root))
+    table, records = learning_table(cfg, Results(cfg, root))
     assert [row[2] for row in table.rows] == ["Expert1-SFT-GRPO", "MEML-GRPO"]
     expert1_only, meml = table.rows
     assert expert1_only[3:] == ["–", "75.0 (+25.0 [-54.6, +104.6])", "–", "–"]  # one expert: no vote
@@ -81,6 +81,13 @@ def test_the_table_shows_each_expert_and_the_vote(world: tuple[dict, Path]) -> N
     assert est.mean == 0.0 and math.isclose(est.se, math.sqrt(20000 / 3) / 2)
     assert meml[6].startswith("25.0 (+0.0 [-129.9, +129.9])")
     assert "one seed" in table.notes[0]
+    # the records the table shows (tables/learning.json): GSM8K's chance is 0 points
+    meml_e1 = next(r for r in records if (r["method"], r["expert"]) == ("MEML-GRPO", "e1"))
+    assert (meml_e1["accuracy"], meml_e1["sft_accuracy"], meml_e1["difference"]) == (75.0, 50.0, 25.0)
+    # 25 -+ 25 x t(0.975, 3)
+    assert (meml_e1["low"], meml_e1["high"], meml_e1["questions"], meml_e1["chance"]) == (-54.56, 104.56, 4, 0.0)
+    assert [r["expert"] for r in records if r["method"] == "Expert1-SFT-GRPO"] == ["e1"]
+    assert "GSM8K 0.0" in table.notes[1]
 
 
 def test_a_missing_sft_evaluation_names_its_file(world: tuple[dict, Path]) -> None:
@@ -134,7 +141,7 @@ def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> N
             json.dumps({"step": i, "reward/mean": 0.1 * i, "perf/step_seconds": s, "completion/length_mean": 10.0})
             + "\n" for i, s in enumerate(seconds)))  # fmt: skip
     (layout.trl(cell) / "eval.json").write_text(json.dumps(_block({"e1": [1, 0, 0, 0]})))
-    table, files, lines = trl_comparison(cfg, Results(cfg, root), tmp_path)
+    table, files, lines, records = trl_comparison(cfg, Results(cfg, root), tmp_path)
     rl = grid.cell_values(cfg, cell)["rl"]
     rollouts = rl["questions_per_step"] * rl["group_size"]
     ours_rate = statistics.fmean(10 * rollouts / s for s in (2, 4, 6))
@@ -145,3 +152,18 @@ def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> N
     assert lines[0].startswith("- qwen2/gsm8k/Expert1-SFT-GRPO seed 0: our loop is the faster, 2.00x by median")
     stem = "trl_qwen2_gsm8k_Expert1-SFT-GRPO_seed0"
     assert [f.name for f in files] == [f"{stem}.png", f"{stem}.pdf"] and files[0].stat().st_size > 1000
+    (record,) = records  # what the README's line on a real model reads
+    assert record["step_seconds"] == {"ours": 4.0, "trl": 8.0} and record["faster"] == "ours" and record["ratio"] == 2.0
+    assert record["accuracy"] == {"ours": 75.0, "trl": 25.0} and record["difference"] == 50.0
+    assert record["low"] < 50.0 < record["high"] and record["steps"] == {"ours": 4, "trl": 4}
+
+
+def test_a_strategyqa_chance_is_its_larger_answer_class(world: tuple[dict, Path]) -> None:
+    """Gold answers yes, yes, yes, no: a constant 'yes' scores 75 points."""
+    cfg, root = world
+    results = Results(cfg, root)
+    golds = [{"gold": g} for g in ("yes", "yes", "yes", "no")]
+    results.evals[("qwen2", "strategyqa", "MEML-GRPO")] = [{"samples": golds}]
+    assert results.chance("qwen2", "strategyqa", "MEML-GRPO") == 75.0
+    assert results.chance("qwen2", "mathqa", "MEML-GRPO") == 20.0
+    assert results.chance("qwen2", "gsm8k", "MEML-GRPO") == 0.0

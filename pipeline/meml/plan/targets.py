@@ -15,11 +15,15 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from meml.core.io import DataError
-from meml.plan.layout import RESULTS
+from meml.plan.layout import RESULTS, Layout
 
 DATASETS = ("gsm8k", "strategyqa", "mathqa")
 # the results/<profile>/<stage>/ folders whose paths name a cell: model/dataset/method/seed<k>
 CELL_STAGES = ("rl", "eval")
+# the entries of eval/<model>/<ds>/ that are no cell's, as Layout spells them: the base model's
+# evaluation (eval.base) and the SFT models' folder (eval.sft)
+_PROBE = Layout(RESULTS)
+NOT_CELLS = (_PROBE.eval_base("m", "d").name, _PROBE.eval_sft("m", "d", "v").parent.name)
 
 
 def _problem(cfg: dict[str, Any], parts: list[str]) -> str | None:
@@ -32,8 +36,8 @@ def _problem(cfg: dict[str, Any], parts: list[str]) -> str | None:
         return f"unknown model '{model}'; this config's models: {', '.join(cfg['models'])}"
     if len(rest) > 1 and rest[1] not in DATASETS:
         return f"unknown data set '{rest[1]}'; the data sets: {', '.join(DATASETS)}"
-    if stage == "eval" and len(rest) > 2 and (rest[2] == "base.json" or rest[2] == "sft"):
-        return None  # the base and SFT models' evaluations (eval.base, eval.sft): no method, no cell
+    if stage == "eval" and len(rest) > 2 and rest[2] in NOT_CELLS:
+        return None
     if stage in CELL_STAGES and len(rest) > 2:
         method = rest[2]
         if method not in cfg["methods"]:

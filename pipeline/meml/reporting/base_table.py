@@ -18,6 +18,7 @@ from meml.core.answers import answers_match
 from meml.core.io import DataError, read_json
 from meml.data.experts import prompts_of
 from meml.plan import grid
+from meml.plan.layout import Layout
 from meml.reporting.results import cut_note
 from meml.reporting.tables import DATASET_TITLES, MISSING, Table
 
@@ -26,10 +27,6 @@ CHANCE_NOTE = {
     "strategyqa": "the larger answer class's share of these questions",
     "mathqa": "20 (five options)",
 }
-
-
-def base_path(root: str | Path, model: str, dataset: str) -> Path:
-    return Path(root) / "eval" / model / dataset / "base.json"
 
 
 def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -71,7 +68,7 @@ def base_table(cfg: dict[str, Any], root: str | Path) -> Table:
         entry = cfg["models"][model]
         published = entry.get("published") or {}
         for ds in cfg["grid"]["datasets"]:
-            path = base_path(root, model, ds)
+            path = Layout(Path(root)).eval_base(model, ds)
             if not path.is_file():
                 raise DataError("no base evaluation (eval.base: true writes it)", path)
             report = read_json(path)["model"]
@@ -129,7 +126,7 @@ def base_samples(cfg: dict[str, Any], root: str | Path, per_dataset: int = 3, li
     mode = cfg["reward"]["mode"]
     for model in grid.models(cfg):
         for ds in cfg["grid"]["datasets"]:
-            report = read_json(base_path(root, model, ds))["model"]
+            report = read_json(Layout(Path(root)).eval_base(model, ds))["model"]
             for q in report["samples"][:per_dataset]:
                 for name in sorted(k for k in q if k.startswith("e") and isinstance(q[k], dict)):
                     e = q[name]

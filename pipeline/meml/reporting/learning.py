@@ -50,39 +50,68 @@ def gain(results: Results, model: str, ds: str, method: str, expert: str) -> sta
     return stats.cell_estimate(100 * (rl - sft), results.nested)
 
 
-def _cell(accuracy: float, est: stats.Estimate, level: float) -> str:
-    if not est.has_interval:
-        return f"{accuracy:.1f} ({est.mean:+.1f})"
-    low, high = est.interval(level)
-    return f"{accuracy:.1f} ({est.mean:+.1f} [{low:+.1f}, {high:+.1f}])"
+def learning_records(cfg: dict[str, Any], results: Results) -> list[dict[str, Any]]:
+    """One record per cell (model, data set, method) and expert column it is evaluated under (and
+    "vote" with several): the cell's accuracy, its SFT start's, the difference with its interval,
+    the number of test questions and the data set's chance level, in points. The table shows them;
+    the report writes them as tables/learning.json, which the README's line on a real model reads."""
+    level = cfg["report"]["stats"]["level"]
+    records = []
+    for model in grid.models(cfg):
+        for ds in cfg["grid"]["datasets"]:
+            for method in grid.methods(cfg):
+                evaluated = [f"e{k}" for k in grid.eval_experts(cfg, method)]
+                for column in evaluated + (["vote"] if len(evaluated) > 1 else []):
+                    _, correct = results.correct(model, ds, method, column)
+                    _, start = sft_correct(results, model, ds, method, column)
+                    est = gain(results, model, ds, method, column)
+                    low, high = est.interval(level) if est.has_interval else (None, None)
+                    records.append({
+                        "model": model, "dataset": ds, "method": method, "expert": column,
+                        "accuracy": round(100 * float(correct.mean()), 2),
+                        "sft_accuracy": round(100 * float(start.mean()), 2),
+                        "difference": round(est.mean, 2),
+                        "low": None if low is None else round(low, 2),
+                        "high": None if high is None else round(high, 2),
+                        "level": level, "questions": int(correct.shape[1]), "seeds": int(correct.shape[0]),
+                        "chance": round(results.chance(model, ds, method), 2),
+                        "rl_steps": len(results.steps(model, ds, method, cfg["grid"]["seeds"][0])),
+                    })  # fmt: skip
+    return records
 
 
-def learning_table(cfg: dict[str, Any], results: Results) -> Table:
+def _cell(record: dict[str, Any]) -> str:
+    if record["low"] is None:
+        return f"{record['accuracy']:.1f} ({record['difference']:+.1f})"
+    return f"{record['accuracy']:.1f} ({record['difference']:+.1f} [{record['low']:+.1f}, {record['high']:+.1f}])"
+
+
+def learning_table(cfg: dict[str, Any], results: Results) -> tuple[Table, list[dict[str, Any]]]:
     """One row per model, data set and method: under each expert's prompt, the cell's accuracy and
-    (in brackets) its difference from its SFT start with the interval."""
+    (in brackets) its difference from its SFT start with the interval; and the records it shows."""
     level = cfg["report"]["stats"]["level"]
     experts = sorted({k for method in grid.methods(cfg) for k in grid.eval_experts(cfg, method)})
     columns = [f"e{k}" for k in experts] + ["vote"]
     table = Table("learning", "What RL added: each cell against the SFT model it started from",
                   ["model", "data set", "method"], [("accuracy (RL minus its SFT start)", columns)])  # fmt: skip
+    records = learning_records(cfg, results)
+    chances: dict[str, float] = {}
     for model in grid.models(cfg):
         for ds in cfg["grid"]["datasets"]:
             for method in grid.methods(cfg):
-                evaluated = [f"e{k}" for k in grid.eval_experts(cfg, method)]
-                cells = []
-                for column in columns:
-                    shown = len(evaluated) > 1 if column == "vote" else column in evaluated
-                    if not shown:
-                        cells.append(MISSING)
-                        continue
-                    _, correct = results.correct(model, ds, method, column)
-                    cells.append(_cell(100 * float(correct.mean()), gain(results, model, ds, method, column), level))
-                table.add([model_label(cfg, model), DATASET_TITLES[ds], method], cells)
+                key = (model, ds, method)
+                mine = {r["expert"]: r for r in records if (r["model"], r["dataset"], r["method"]) == key}
+                chances.update((ds, r["chance"]) for r in mine.values())
+                table.add([model_label(cfg, model), DATASET_TITLES[ds], method],
+                          [_cell(mine[c]) if c in mine else MISSING for c in columns])  # fmt: skip
     seeds = len(cfg["grid"]["seeds"])
     table.notes = [
         f"In %, in the report's checker mode ({cfg['reward']['mode']}), on the cells' test questions. In brackets: "
         "the cell minus the SFT model it started RL from (MEF, or the single expert's SFT model), evaluated by the "
         f"same task, questions and length cap; {100 * level:.0f}% interval paired by "
-        + ("question (one seed: the test sample's spread only)." if seeds == 1 else "seed and question.")
+        + ("question (one seed: the test sample's spread only)." if seeds == 1 else "seed and question."),
+        "Chance (no reading of the question: 0 on GSM8K, a guess among MathQA's five options, StrategyQA's larger "
+        "answer class): " + ", ".join(f"{DATASET_TITLES[ds]} {c:.1f}" for ds, c in chances.items()) + ". An "
+        "accuracy at or below it shows no skill on either side of the difference, whatever its interval.",
     ]
-    return table
+    return table, records

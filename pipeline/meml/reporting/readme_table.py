@@ -9,6 +9,9 @@ each run's run.json.
     python -m meml.reporting.readme_table --write    put them into README.md, config/README.md and
                                                      report/example/README.md
 
+and the README's line on a real model trained long enough to show what RL does, from the committed
+report/example/real-learn/ (its tables/learning.json, tables/trl.json and run.json).
+
 tests/test_readme.py fails when a copy differs from what this renders.
 """
 
@@ -27,6 +30,10 @@ RECIPE = "config/toy-study.yaml"
 COMMAND = "`make study`"
 BEGIN = "<!-- reproduction table: python -m meml.reporting.readme_table --write -->"
 END = "<!-- end of the reproduction table -->"
+REAL = "real-learn"  # the committed run of a real model trained long enough to show what RL does
+REAL_RECIPE = "config/real-learn.yaml"
+REAL_BEGIN = "<!-- real model: python -m meml.reporting.readme_table --write -->"
+REAL_END = "<!-- end of the real model -->"
 TIMES_BEGIN = "<!-- run times: python -m meml.reporting.readme_table --write -->"
 TIMES_END = "<!-- end of the run times -->"
 EXAMPLE = PROJECT_ROOT / "report" / "example"
@@ -83,6 +90,58 @@ def render(example: Path = EXAMPLE) -> str:
     return "\n".join(lines)
 
 
+def _reading(cell: dict[str, Any]) -> str:
+    """What a cell's difference from its SFT start says, by its interval and the chance level."""
+    if cell["low"] is None:
+        return "no interval"
+    if max(cell["accuracy"], cell["sft_accuracy"]) <= cell["chance"]:
+        return "both at or below chance"
+    if cell["low"] > 0:
+        return "above its SFT start"
+    if cell["high"] < 0:
+        return "below its SFT start"
+    return "no clear change"
+
+
+def render_real(example: Path = EXAMPLE) -> str:
+    """The README's line on a real model, from example/<REAL>/tables/{learning,trl}.json and its run.json."""
+    folder = example / REAL
+    learning_file = folder / "tables" / "learning.json"
+    if not learning_file.is_file():
+        raise DataError("the real model's report has no learning.json (its recipe sets eval.sft)", learning_file)
+    headline = [c for c in read_json(learning_file)["cells"] if c["expert"] == "e1"]
+    if not headline:
+        raise DataError("no cell evaluated under expert 1's prompt", learning_file)
+    first = headline[0]
+    parts = [
+        f"{c['method']} {c['accuracy']:.1f}% against {c['sft_accuracy']:.1f}%, {_ours(c)} ({_reading(c)})"
+        for c in headline
+    ]
+    level = round(100 * first["level"])
+    text = (
+        f"A real model: SmolLM2-135M-Instruct on {first['questions']} real {first['dataset']} test questions "
+        f"(`{REAL_RECIPE}`, `report/example/{REAL}/`), held-out accuracy under expert 1's prompt after "
+        f"{first['rl_steps']} RL steps against the SFT model it started from, paired by question [{level}% CI]: "
+        + "; ".join(parts)
+        + f". A constant answer scores {first['chance']:.1f}%."
+    )
+    trl_file = folder / "tables" / "trl.json"
+    if trl_file.is_file():
+        for c in read_json(trl_file)["cells"]:
+            who = "our loop" if c["faster"] == "ours" else "trl's GRPOTrainer"
+            text += (
+                f" On {c['method']}'s cell beside trl's GRPOTrainer (same start, questions, reward and settings), "
+                f"{who} ran {c['ratio']:.2f}x faster a step ({c['step_seconds']['ours']:.0f} s against "
+                f"{c['step_seconds']['trl']:.0f} s), held-out ours minus trl's {_ours(c)}."
+            )
+    record = folder / "run.json"
+    if record.is_file():
+        run = read_json(record)
+        minutes = " + ".join(f"{r['wall_seconds'] / 60:.0f}" for r in run.get("invocations", []))
+        text += f" Time on {run['cores']} cores: {minutes} min (run.json, one invocation a command)."
+    return text
+
+
 def run_times(example: Path = EXAMPLE) -> str:
     """What each committed run took, from its run.json (reports made before run records have none)."""
     lines = [
@@ -103,6 +162,7 @@ def run_times(example: Path = EXAMPLE) -> str:
 
 BLOCKS = {  # file -> (its markers, what renders the block between them)
     "README.md": (BEGIN, END, render),
+    "README.md#real": (REAL_BEGIN, REAL_END, render_real),
     "config/README.md": (TIMES_BEGIN, TIMES_END, run_times),
     "report/example/README.md": (TIMES_BEGIN, TIMES_END, run_times),  # which commit made each report
 }
@@ -112,7 +172,7 @@ def write(root: Path = PROJECT_ROOT) -> list[str]:
     """Replace each block between its file's markers; the files that changed."""
     changed = []
     for name, (begin, end, make) in BLOCKS.items():
-        path = root / name
+        path = root / name.partition("#")[0]  # a file may hold several blocks
         text = path.read_text()
         if begin not in text or end not in text:
             raise DataError(f"no markers for the generated table ({begin} ... {end})", path)
@@ -128,7 +188,7 @@ def write(root: Path = PROJECT_ROOT) -> list[str]:
 def copy_in(name: str, root: Path = PROJECT_ROOT) -> str:
     """The block as the file holds it now (between its markers)."""
     begin, end, _ = BLOCKS[name]
-    return (root / name).read_text().partition(begin)[2].partition(end)[0].strip("\n")
+    return (root / name.partition("#")[0]).read_text().partition(begin)[2].partition(end)[0].strip("\n")
 
 
 if __name__ == "__main__":
@@ -139,4 +199,4 @@ if __name__ == "__main__":
         changed = write()
         print(f"updated: {', '.join(changed)}" if changed else "README.md and config/README.md already up to date")
     else:
-        print(render() + "\n\n" + run_times())
+        print(render() + "\n\n" + render_real() + "\n\n" + run_times())

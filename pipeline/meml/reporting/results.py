@@ -22,6 +22,8 @@ from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting import stats
 
+CHANCE = {"gsm8k": 0.0, "mathqa": 20.0}  # StrategyQA: the larger answer class's share of its test split
+
 
 class Results:
     """Evaluation results and training curves of every cell in the grid, read from disk."""
@@ -89,6 +91,14 @@ class Results:
     def golds(self, model: str, ds: str, method: str) -> list[str]:
         """The gold answers of the cell's test questions (for the chance level of a split)."""
         return [str(q["gold"]) for q in self.evals[(model, ds, method)][0].get("samples", [])]
+
+    def chance(self, model: str, ds: str, method: str) -> float:
+        """The accuracy in points that needs no reading of the question: 0 on GSM8K, a guess among
+        MathQA's five options, and on StrategyQA a constant answer (its test split's larger class)."""
+        if ds in CHANCE:
+            return CHANCE[ds]
+        golds = self.golds(model, ds, method)
+        return 100 * max(golds.count(g) for g in set(golds)) / len(golds) if golds else 50.0
 
     def steps(self, model: str, ds: str, method: str, seed: int) -> list[dict[str, float]]:
         """The step metrics of one cell (its metrics.jsonl), read once; several figures use them."""

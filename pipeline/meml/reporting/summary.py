@@ -36,8 +36,6 @@ from meml.reporting.extras import methods_for
 from meml.reporting.results import Results, ablation_reference, cells_average, subgroup_share
 from meml.reporting.rl_stage import rl_stage_lines
 
-CHANCE = {"gsm8k": 0.0, "mathqa": 20.0}  # StrategyQA: the majority class share of its test split
-
 
 @dataclass
 class Comparison:
@@ -86,10 +84,7 @@ class Summary:
         return grid.models(self.cfg), self.cfg["grid"]["datasets"]
 
     def chance(self, model: str, ds: str, method: str) -> float:
-        if ds in CHANCE:
-            return CHANCE[ds]
-        golds = self.results.golds(model, ds, method)
-        return 100 * max(golds.count(g) for g in set(golds)) / len(golds) if golds else 50.0
+        return self.results.chance(model, ds, method)
 
     def _matrix(self, model: str, ds: str, method: str, measure: str) -> tuple[list[str] | None, np.ndarray]:
         """(question ids, values[seed, question] in points); the final reward has one value a seed."""

@@ -50,14 +50,16 @@ def _with_step_rate(rows: list[dict[str, float]], rollouts: int) -> list[dict[st
     return rows
 
 
-def trl_comparison(cfg: dict[str, Any], results: Results, figures: Path) -> tuple[Table, list[Path], list[str]]:
-    """The table, the figure files and the index's lines."""
+def trl_comparison(
+    cfg: dict[str, Any], results: Results, figures: Path
+) -> tuple[Table, list[Path], list[str], list[dict[str, Any]]]:
+    """The table, the figure files, the index's lines and a record per cell (tables/trl.json)."""
     level = cfg["report"]["stats"]["level"]
     headline = f"e{cfg['report']['headline_expert']}"
     table = Table("trl", "Our RL loop against trl's GRPOTrainer, side by side", ["model", "data set", "method"],
                   [("ours", ["s / step", "tokens / s", "accuracy"]), ("trl", ["s / step", "tokens / s", "accuracy"]),
                    ("ours - trl", ["accuracy", "speed"])])  # fmt: skip
-    lines, files = [], []
+    lines, files, records = [], [], []
     for cell in trl_cells(cfg):
         settings = grid.cell_values(cfg, cell)["rl"]
         rollouts = int(settings["questions_per_step"]) * int(settings["group_size"])
@@ -85,6 +87,16 @@ def trl_comparison(cfg: dict[str, Any], results: Results, figures: Path) -> tupl
             f"accuracy (expert {headline[1:]}) ours minus trl's {diff.mean:+.1f} points [{low:+.1f}, {high:+.1f}]."
         )
         files += _figure(cfg, cell, ours, theirs, figures)
+        records.append({
+            "model": cell.model, "dataset": cell.dataset, "method": cell.method, "seed": cell.seed,
+            "steps": {"ours": len(ours), "trl": len(theirs)},
+            "step_seconds": {"ours": round(s_ours, 2), "trl": round(s_trl, 2)},
+            "tokens_per_second": {"ours": round(t_ours, 1), "trl": round(t_trl, 1)},
+            "accuracy": {"ours": round(100 * float(ours_right.mean()), 2),
+                         "trl": round(100 * float(trl_right.mean()), 2)},
+            "difference": round(diff.mean, 2), "low": round(low, 2), "high": round(high, 2), "level": level,
+            "faster": faster, "ratio": round(ratio, 3),
+        })  # fmt: skip
     table.notes = [
         "Both start from the cell's SFT model and see the same questions in the same order, with the same reward, "
         "G, lr, answer cap, steps and temperature (training/trl_grpo.py lists what differs). s / step: the median over "
@@ -93,7 +105,7 @@ def trl_comparison(cfg: dict[str, Any], results: Results, figures: Path) -> tupl
         f"accuracy difference paired by question with its {100 * level:.0f}% interval, and the step-time ratio. "
         "One run on one machine: the ratio holds for this machine and these shapes."
     ]
-    return table, files, lines
+    return table, files, lines, records
 
 
 def _figure(cfg: dict[str, Any], cell: grid.Cell, ours: list[dict[str, float]], theirs: list[dict[str, float]],
