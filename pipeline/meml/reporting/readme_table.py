@@ -24,6 +24,7 @@ from typing import Any
 
 from meml.core.config import PROJECT_ROOT
 from meml.core.io import DataError, atomic_write_text, read_json
+from meml.reporting.tables import DATASET_TITLES
 
 STUDY = "toy-study"  # the committed study whose pooled claims the README shows
 RECIPE = "config/toy-study.yaml"
@@ -119,7 +120,8 @@ def render_real(example: Path = EXAMPLE) -> str:
     ]
     level = round(100 * first["level"])
     text = (
-        f"A real model: SmolLM2-135M-Instruct on {first['questions']} real {first['dataset']} test questions "
+        f"A real model: SmolLM2-135M-Instruct on {first['questions']} real {DATASET_TITLES[first['dataset']]} "
+        "test questions "
         f"(`{REAL_RECIPE}`, `report/example/{REAL}/`), held-out accuracy under expert 1's prompt after "
         f"{first['rl_steps']} RL steps against the SFT model it started from, paired by question [{level}% CI]: "
         + "; ".join(parts)
@@ -138,7 +140,7 @@ def render_real(example: Path = EXAMPLE) -> str:
     if record.is_file():
         run = read_json(record)
         minutes = " + ".join(f"{r['wall_seconds'] / 60:.0f}" for r in run.get("invocations", []))
-        text += f" Time on {run['cores']} cores: {minutes} min (run.json, one invocation a command)."
+        text += f" Time on {run['cores']} cores, one figure a command: {minutes} min (its run.json)."
     return text
 
 
