@@ -40,13 +40,19 @@ def sft_correct(results: Results, model: str, ds: str, method: str, expert: str)
     )
 
 
-def gain(results: Results, model: str, ds: str, method: str, expert: str) -> stats.Estimate:
-    """RL minus its SFT start in points, paired by seed and question."""
+def paired(results: Results, model: str, ds: str, method: str, expert: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the cell's correct[seed, question], its SFT start's), on the same questions."""
     rl_ids, rl = results.correct(model, ds, method, expert)
     sft_ids, sft = sft_correct(results, model, ds, method, expert)
     if rl_ids != sft_ids:
         where = results.layout.eval(grid.Cell(model, ds, method, results.cfg["grid"]["seeds"][0]))
         raise DataError("the cell and its SFT model were evaluated on different questions", where)
+    return rl, sft
+
+
+def gain(results: Results, model: str, ds: str, method: str, expert: str) -> stats.Estimate:
+    """RL minus its SFT start in points, paired by seed and question."""
+    rl, sft = paired(results, model, ds, method, expert)
     return stats.cell_estimate(100 * (rl - sft), results.nested)
 
 
@@ -62,9 +68,8 @@ def learning_records(cfg: dict[str, Any], results: Results) -> list[dict[str, An
             for method in grid.methods(cfg):
                 evaluated = [f"e{k}" for k in grid.eval_experts(cfg, method)]
                 for column in evaluated + (["vote"] if len(evaluated) > 1 else []):
-                    _, correct = results.correct(model, ds, method, column)
-                    _, start = sft_correct(results, model, ds, method, column)
-                    est = gain(results, model, ds, method, column)
+                    correct, start = paired(results, model, ds, method, column)  # SFT files read once
+                    est = stats.cell_estimate(100 * (correct - start), results.nested)
                     low, high = est.interval(level) if est.has_interval else (None, None)
                     records.append({
                         "model": model, "dataset": ds, "method": method, "expert": column,

@@ -54,7 +54,7 @@ def build(
     tables_dir, figures_dir = out / "tables", out / "figures"
     tables_dir.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
-    written_early: list[Path] = []  # data files written beside the tables
+    data: dict[str, Any] = {}  # tables/<name>.json beside their tables: what the README's lines read
     tables = [
         main_table(cfg, results, reference),
         ablation_table(cfg, results, reference),
@@ -72,10 +72,8 @@ def build(
     if cfg["eval"].get("sft"):
         from meml.reporting.learning import learning_table
 
-        table, records = learning_table(cfg, results)
+        table, data["learning"] = learning_table(cfg, results)
         tables.append(table)
-        atomic_write_json(tables_dir / "learning.json", {"profile": cfg["profile"], "cells": records})
-        written_early.append(tables_dir / "learning.json")
     if cfg["extras"]["methods"]:
         tables += [extras.extra_table(cfg, results, name) for name in grid.EXTRA_TABLES]
     replication_lines: list[str] = []
@@ -94,40 +92,36 @@ def build(
         table, stage_lines = stages_table(cfg, root, summary.spread_pairs(entries))
         tables.append(table)
         replication_lines += stage_lines
-    written: list[Path] = written_early
-    for table in tables:
-        for ext, render in (("md", to_markdown), ("tex", to_latex)):
-            path = tables_dir / f"{table.name}.{ext}"
-            atomic_write_text(path, render(table))
-            written.append(path)
-    atomic_write_json(tables_dir / "claims.json", claims)  # what the README's reproduction table reads
-    written.append(tables_dir / "claims.json")
-    written += reward_curves(cfg, results, figures_dir)
+    trl_figures: list[Path] = []
     if cfg["trl"]["methods"]:
         from meml.reporting.trl_table import trl_comparison
 
-        table, figures, trl_lines, trl_records = trl_comparison(cfg, results, figures_dir)
-        for ext, render in (("md", to_markdown), ("tex", to_latex)):
-            atomic_write_text(tables_dir / f"trl.{ext}", render(table))
-            written.append(tables_dir / f"trl.{ext}")
-        atomic_write_json(tables_dir / "trl.json", {"profile": cfg["profile"], "cells": trl_records})
-        written.append(tables_dir / "trl.json")
+        table, trl_figures, trl_lines, data["trl"] = trl_comparison(cfg, results, figures_dir)
         tables.append(table)
-        written += figures
         replication_lines += ["", "Our loop against trl's GRPOTrainer on the same cells (the trl table):", *trl_lines]
-    written += sparsity_dashboard(cfg, results, figures_dir)
     from meml.reporting.engine_gaps import gaps_figure, gaps_table, logged
 
     gapped = logged(cfg, results)  # cells whose steps logged the sampler or the sync gap
     if gapped:
         table, gap_lines = gaps_table(cfg, gapped)
-        for ext, render in (("md", to_markdown), ("tex", to_latex)):
-            atomic_write_text(tables_dir / f"{table.name}.{ext}", render(table))
-            written.append(tables_dir / f"{table.name}.{ext}")
         tables.append(table)
-        written += gaps_figure(cfg, gapped, figures_dir)
         replication_lines += ["", "Is the engine that samples the policy that learns (the engine_gaps table)?"]
         replication_lines += gap_lines
+    written: list[Path] = []
+    for table in tables:
+        for ext, render in (("md", to_markdown), ("tex", to_latex)):
+            path = tables_dir / f"{table.name}.{ext}"
+            atomic_write_text(path, render(table))
+            written.append(path)
+    for name, records in data.items():
+        atomic_write_json(tables_dir / f"{name}.json", {"profile": cfg["profile"], "cells": records})
+        written.append(tables_dir / f"{name}.json")
+    atomic_write_json(tables_dir / "claims.json", claims)  # what the README's reproduction table reads
+    written.append(tables_dir / "claims.json")
+    written += reward_curves(cfg, results, figures_dir) + trl_figures  # the figures in the index's order
+    written += sparsity_dashboard(cfg, results, figures_dir)
+    if gapped:
+        written += gaps_figure(cfg, gapped, figures_dir)
     for model in grid.complementarity_models(cfg):
         for ds in cfg["grid"]["datasets"]:
             for ext in ("png", "pdf"):
