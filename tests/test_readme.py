@@ -35,6 +35,16 @@ def test_the_run_times_come_from_each_run_record(tmp_path: Path) -> None:
     (tmp_path / "old").mkdir()  # a report made before run records: not listed
     lines = readme_table.run_times(tmp_path).splitlines()
     assert lines[2:] == ["| `report/example/toy/` | 5.0 min | 2 | 573 | 54 | 0123456 (uncommitted changes) |"]
+    # a run of two commands by two commits names both, in order; one commit throughout, once
+    parts = [{"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}]
+    (tmp_path / "toy" / "run.json").write_text(json.dumps({**record, "invocations": parts, "tables_by": "c" * 40}))
+    assert (
+        readme_table.run_times(tmp_path)
+        .splitlines()[2]
+        .endswith("| aaaaaaa + bbbbbbb (uncommitted changes), tables by ccccccc |")
+    )
+    (tmp_path / "toy" / "run.json").write_text(json.dumps({**record, "invocations": parts[:1] * 2}))
+    assert readme_table.run_times(tmp_path).splitlines()[2].endswith("| 0123456 (uncommitted changes) |")
 
 
 def test_the_real_models_line_reads_its_report(tmp_path: Path) -> None:

@@ -41,6 +41,19 @@ def test_a_run_in_two_parts_is_one_record_whose_sums_cover_both(tmp_path: Path) 
     assert len(again["invocations"]) == 1 and again["job_seconds"] == 20.0 and again["cores"] == 2
 
 
+def test_each_part_names_the_code_that_ran_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run in two parts by two commits: each invocation keeps its own; the record names the last."""
+    cfg, path = load_config(None, {"profile": "t"}), tmp_path / "run.json"
+    git = {"rev-parse": "a" * 40, "status": ""}
+    monkeypatch.setattr(run_record, "_git", lambda *args: git[args[0]])
+    run_record.update(path, cfg, 100.0, 180.0, [("rl", 60.0)])
+    git.update({"rev-parse": "b" * 40, "status": " M config/x.yaml"})
+    record = run_record.update(path, cfg, 200.0, 260.0, [("trl_grpo", 50.0)])
+    parts = [(run["commit"], run["dirty"]) for run in record["invocations"]]
+    assert parts == [("a" * 40, False), ("b" * 40, True)]
+    assert (record["commit"], record["dirty"]) == ("b" * 40, True)
+
+
 def test_tables_rebuilt_by_another_commit_name_it(tmp_path: Path) -> None:
     """A run record of another commit gets the reporting code's commit as tables_by; a record of the
     code's own commit, or none, is left alone."""

