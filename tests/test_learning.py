@@ -128,17 +128,20 @@ def test_one_seeds_reward_change_has_welchs_interval_over_its_edge_steps(world: 
 def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> None:
     """Step times after the first: ours 2, 4, 6 s (median 4), trl's 8, 8, 12 (median 8): ours 2.00x
     faster. Completion tokens per second of a step: 10 tokens x (2 questions x 8 rollouts) / seconds.
-    Held-out, expert 1: ours right on q0-q2 (RL), trl's on q0 only: +50 points paired by question."""
+    Held-out, expert 1: ours right on q0-q2 (RL), trl's on q0 only: +50 points paired by question.
+    Reward by step, ours 0, .1, .2, .3 and trl's 0, .05, .1, .15; 4 steps take 2 at each end: ours
+    (20 + 30)/2 - (0 + 10)/2 = +20 points, each end's variance 50, so Welch's SE sqrt(50/2 + 50/2),
+    2 degrees of freedom; trl's (10 + 15)/2 - (0 + 5)/2 = +10, each end's variance 12.5, SE sqrt(12.5)."""
     from meml.reporting.trl_table import trl_comparison
 
     cfg, root = world
     cfg = {**cfg, "trl": {"methods": ["Expert1-SFT-GRPO"], "vllm": False}}
     cell = grid.Cell("qwen2", "gsm8k", "Expert1-SFT-GRPO", 0)
     layout = Layout(root)
-    for folder, seconds in ((layout.rl(cell), [10, 2, 4, 6]), (layout.trl(cell), [10, 8, 8, 12])):
+    for folder, seconds, rise in ((layout.rl(cell), [10, 2, 4, 6], 0.1), (layout.trl(cell), [10, 8, 8, 12], 0.05)):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": i, "reward/mean": 0.1 * i, "perf/step_seconds": s, "completion/length_mean": 10.0})
+            json.dumps({"step": i, "reward/mean": rise * i, "perf/step_seconds": s, "completion/length_mean": 10.0})
             + "\n" for i, s in enumerate(seconds)))  # fmt: skip
     (layout.trl(cell) / "eval.json").write_text(json.dumps(_block({"e1": [1, 0, 0, 0]})))
     table, files, lines, records = trl_comparison(cfg, Results(cfg, root), tmp_path)
@@ -147,8 +150,11 @@ def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> N
     ours_rate = statistics.fmean(10 * rollouts / s for s in (2, 4, 6))
     trl_rate = statistics.fmean(10 * rollouts / s for s in (8, 8, 12))
     row = table.rows[0]
-    assert row[3:9] == ["4.0", f"{ours_rate:.0f}", "75.0", "8.0", f"{trl_rate:.0f}", "25.0"]
-    assert row[9].startswith("+50.0 [") and row[10] == "ours 2.00x faster"
+    t = 4.302653  # Student's t, 97.5% quantile, 2 degrees of freedom (a printed table's 4.303)
+    ours_change = f"+20.0 [{20 - t * math.sqrt(50):+.1f}, {20 + t * math.sqrt(50):+.1f}]"
+    trl_change = f"+10.0 [{10 - t * math.sqrt(12.5):+.1f}, {10 + t * math.sqrt(12.5):+.1f}]"
+    assert row[3:11] == ["4.0", f"{ours_rate:.0f}", ours_change, "75.0", "8.0", f"{trl_rate:.0f}", trl_change, "25.0"]
+    assert row[11].startswith("+50.0 [") and row[12] == "ours 2.00x faster"
     assert lines[0].startswith("- qwen2/gsm8k/Expert1-SFT-GRPO seed 0: our loop is the faster, 2.00x by median")
     stem = "trl_qwen2_gsm8k_Expert1-SFT-GRPO_seed0"
     assert [f.name for f in files] == [f"{stem}.png", f"{stem}.pdf"] and files[0].stat().st_size > 1000
@@ -156,6 +162,13 @@ def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> N
     assert record["step_seconds"] == {"ours": 4.0, "trl": 8.0} and record["faster"] == "ours" and record["ratio"] == 2.0
     assert record["accuracy"] == {"ours": 75.0, "trl": 25.0} and record["difference"] == 50.0
     assert record["low"] < 50.0 < record["high"] and record["steps"] == {"ours": 4, "trl": 4}
+    assert record["reward_change"]["ours"] == {
+        "mean": 20.0,
+        "low": round(20 - t * math.sqrt(50), 2),
+        "high": round(20 + t * math.sqrt(50), 2),
+    }
+    assert record["reward_change"]["trl"]["mean"] == 10.0
+    assert lines[0].endswith(f"training reward, last steps minus first, ours {ours_change}, trl's {trl_change}.")
 
 
 def test_a_strategyqa_chance_is_its_larger_answer_class(world: tuple[dict, Path]) -> None:

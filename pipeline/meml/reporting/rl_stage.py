@@ -42,11 +42,16 @@ def reward_change(results: Results, model: str, ds: str, method: str, seeds: lis
     return np.array(values)
 
 
+def edge_change(rewards: list[float]) -> stats.Estimate:
+    """100 x (the last edge steps' mean reward - the first edge steps'), Welch's interval over those
+    steps: one run's reward change (ours, or trl's beside it)."""
+    points = [100 * r for r in rewards]
+    k = edge_steps(len(points))
+    return stats.welch(points[-k:], points[:k]) if k else stats.Estimate(float("nan"), float("nan"), 0.0)
+
+
 def one_run_change(results: Results, model: str, ds: str, method: str, seed: int) -> stats.Estimate:
-    """100 x (last edge steps' mean reward - first edge steps'), Welch's interval over those steps."""
-    rewards = [100 * r["reward/mean"] for r in results.steps(model, ds, method, seed)]
-    k = edge_steps(len(rewards))
-    return stats.welch(rewards[-k:], rewards[:k]) if k else stats.Estimate(float("nan"), float("nan"), 0.0)
+    return edge_change([r["reward/mean"] for r in results.steps(model, ds, method, seed)])
 
 
 def change_estimate(cfg: dict[str, Any], results: Results, datasets: list[str], method: str) -> stats.Estimate:
@@ -58,7 +63,8 @@ def change_estimate(cfg: dict[str, Any], results: Results, datasets: list[str], 
     return cells_average(cfg, models, [reward_change(results, m, ds, method, seeds) for m in models for ds in datasets])
 
 
-def _cell(est: stats.Estimate, level: float) -> str:
+def change_cell(est: stats.Estimate, level: float) -> str:
+    """A change with its interval, as a table cell: "+9.4 [-16.4, +35.1]"."""
     if not np.isfinite(est.mean):
         return "–"
     if not est.has_interval:
@@ -92,7 +98,7 @@ def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
     for method in grid.methods(cfg):
         per_ds = [change_estimate(cfg, results, [ds], method) for ds in datasets]
         pooled = change_estimate(cfg, results, datasets, method)
-        lines.append(f"| {method} | " + " | ".join(_cell(e, level) for e in [*per_ds, pooled]) + " |")
+        lines.append(f"| {method} | " + " | ".join(change_cell(e, level) for e in [*per_ds, pooled]) + " |")
         switches = cfg["methods"][method]
         if not switches.get("iml") and not switches.get("hsft"):
             gradient_only.append((method, pooled))

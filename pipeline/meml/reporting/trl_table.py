@@ -19,6 +19,7 @@ from meml.plan import grid
 from meml.plan.layout import Layout
 from meml.reporting import stats
 from meml.reporting.results import Results, correct_by_seed
+from meml.reporting.rl_stage import change_cell, edge_change
 from meml.reporting.tables import DATASET_TITLES, Table, model_label
 
 
@@ -57,7 +58,8 @@ def trl_comparison(
     level = cfg["report"]["stats"]["level"]
     headline = f"e{cfg['report']['headline_expert']}"
     table = Table("trl", "Our RL loop against trl's GRPOTrainer, side by side", ["model", "data set", "method"],
-                  [("ours", ["s / step", "tokens / s", "accuracy"]), ("trl", ["s / step", "tokens / s", "accuracy"]),
+                  [("ours", ["s / step", "tokens / s", "reward change", "accuracy"]),
+                   ("trl", ["s / step", "tokens / s", "reward change", "accuracy"]),
                    ("ours - trl", ["accuracy", "speed"])])  # fmt: skip
     lines, files, records = [], [], []
     for cell in trl_cells(cfg):
@@ -74,17 +76,20 @@ def trl_comparison(
         (s_ours, t_ours), (s_trl, t_trl) = _speed(ours), _speed(theirs)
         faster, ratio = ("ours", s_trl / s_ours) if s_ours <= s_trl else ("trl", s_ours / s_trl)
         low, high = diff.interval(level) if diff.has_interval else (float("nan"), float("nan"))
+        change = {who: edge_change([r["reward/mean"] for r in rows]) for who, rows in (("ours", ours), ("trl", theirs))}
         table.add(
             [model_label(cfg, cell.model), DATASET_TITLES[cell.dataset], f"{cell.method} (seed {cell.seed})"],
-            [f"{s_ours:.1f}", f"{t_ours:.0f}", f"{100 * ours_right.mean():.1f}",
-             f"{s_trl:.1f}", f"{t_trl:.0f}", f"{100 * trl_right.mean():.1f}",
+            [f"{s_ours:.1f}", f"{t_ours:.0f}", change_cell(change["ours"], level), f"{100 * ours_right.mean():.1f}",
+             f"{s_trl:.1f}", f"{t_trl:.0f}", change_cell(change["trl"], level), f"{100 * trl_right.mean():.1f}",
              f"{diff.mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{faster} {ratio:.2f}x faster"],
         )  # fmt: skip
         who = "our loop" if faster == "ours" else "trl"
         lines.append(
             f"- {cell.model}/{cell.dataset}/{cell.method} seed {cell.seed}: {who} is the faster, {ratio:.2f}x by "
             f"median step time ({s_ours:.1f} s against trl's {s_trl:.1f} s, measured in this run); held-out "
-            f"accuracy (expert {headline[1:]}) ours minus trl's {diff.mean:+.1f} points [{low:+.1f}, {high:+.1f}]."
+            f"accuracy (expert {headline[1:]}) ours minus trl's {diff.mean:+.1f} points [{low:+.1f}, {high:+.1f}]; "
+            f"training reward, last steps minus first, ours {change_cell(change['ours'], level)}, "
+            f"trl's {change_cell(change['trl'], level)}."
         )
         files += _figure(cfg, cell, ours, theirs, figures)
         records.append({
@@ -96,16 +101,25 @@ def trl_comparison(
                          "trl": round(100 * float(trl_right.mean()), 2)},
             "difference": round(diff.mean, 2), "low": round(low, 2), "high": round(high, 2), "level": level,
             "faster": faster, "ratio": round(ratio, 3),
+            "reward_change": {who: _change_record(est, level) for who, est in change.items()},
         })  # fmt: skip
     table.notes = [
         "Both start from the cell's SFT model and see the same questions in the same order, with the same reward, "
         "G, lr, answer cap, steps and temperature (training/trl_grpo.py lists what differs). s / step: the median over "
         "steps after the first; tokens / s: completion tokens per second of a whole step (generation and update); "
+        "reward change: the training reward's mean over the last steps minus over the first (points; as many steps "
+        "at each end as the index's RL-stage table takes), with Welch's interval over those steps; "
         f"accuracy: held-out, expert {headline[1:]}'s prompt, {cfg['reward']['mode']} checker; ours - trl: the "
         f"accuracy difference paired by question with its {100 * level:.0f}% interval, and the step-time ratio. "
         "One run on one machine: the ratio holds for this machine and these shapes."
     ]
     return table, files, lines, records
+
+
+def _change_record(est: stats.Estimate, level: float) -> dict[str, float | None]:
+    """A reward change for trl.json: no interval (too few steps) is null, not NaN, which JSON lacks."""
+    low, high = est.interval(level) if est.has_interval else (None, None)
+    return {"mean": round(est.mean, 2), "low": low and round(low, 2), "high": high and round(high, 2)}
 
 
 def _figure(cfg: dict[str, Any], cell: grid.Cell, ours: list[dict[str, float]], theirs: list[dict[str, float]],
