@@ -168,6 +168,7 @@ def test_ours_against_trl_by_hand(world: tuple[dict, Path], tmp_path: Path) -> N
         "high": round(20 + t * math.sqrt(50), 2),
     }
     assert record["reward_change"]["trl"]["mean"] == 10.0
+    assert record["engines"] == {"ours": grid.cell_values(cfg, cell)["rl"]["engine"], "trl": "transformers"}
     assert lines[0].endswith(f"training reward, last steps minus first, ours {ours_change}, trl's {trl_change}.")
 
 

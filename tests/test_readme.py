@@ -57,7 +57,7 @@ def test_the_real_models_line_reads_its_report(tmp_path: Path) -> None:
         {**cell, "method": "B", "expert": "e0", "accuracy": 0, "sft_accuracy": 0, "difference": 0, "low": 0, "high": 0},
     ]
     trl = {"method": "A", "faster": "ours", "ratio": 1.5, "step_seconds": {"ours": 30.0, "trl": 45.0},
-           "difference": 1.0, "low": -3.0, "high": 5.0}  # fmt: skip
+           "difference": 1.0, "low": -3.0, "high": 5.0, "engines": {"ours": "vllm", "trl": "transformers"}}  # fmt: skip
     run = {"cores": 2, "invocations": [{"wall_seconds": 3600.0}, {"wall_seconds": 1500.0}]}
     tables = tmp_path / "real-learn" / "tables"
     tables.mkdir(parents=True)
@@ -69,7 +69,8 @@ def test_the_real_models_line_reads_its_report(tmp_path: Path) -> None:
         "`report/example/real-learn/`), held-out accuracy under expert 1's prompt after 40 RL steps against the SFT "
         "model it started from, paired by question [95% CI]: A 60.0% against 52.0%, +8.0 [+2.5, +13.5] (above its "
         "SFT start); B 51.0% against 47.0%, +4.0 [-2.0, +10.0] (no clear change). A constant answer scores 50.3%. "
-        "On A's cell beside trl's GRPOTrainer (same start, questions, reward and settings), our loop ran 1.50x "
+        "On A's cell beside trl's GRPOTrainer (same start, questions, reward and settings; rollouts by vLLM in ours, "
+        "transformers' generate in trl's), our loop ran 1.50x "
         "faster a step (30 s against 45 s), held-out ours minus trl's +1.0 [-3.0, +5.0]. Time on 2 cores, one figure "
         "a command: 60 + 25 min (its run.json)."
     )

@@ -25,6 +25,7 @@ from typing import Any
 from meml.core.config import PROJECT_ROOT
 from meml.core.io import DataError, atomic_write_text, read_json
 from meml.reporting.tables import DATASET_TITLES
+from meml.reporting.trl_table import ENGINE_NAMES
 
 STUDY = "toy-study"  # the committed study whose pooled claims the README shows
 RECIPE = "config/toy-study.yaml"
@@ -131,8 +132,10 @@ def render_real(example: Path = EXAMPLE) -> str:
     if trl_file.is_file():
         for c in read_json(trl_file)["cells"]:
             who = "our loop" if c["faster"] == "ours" else "trl's GRPOTrainer"
+            ours, theirs = (ENGINE_NAMES[c["engines"][side]] for side in ("ours", "trl"))
             text += (
-                f" On {c['method']}'s cell beside trl's GRPOTrainer (same start, questions, reward and settings), "
+                f" On {c['method']}'s cell beside trl's GRPOTrainer (same start, questions, reward and settings; "
+                f"rollouts by {ours} in ours, {theirs} in trl's), "
                 f"{who} ran {c['ratio']:.2f}x faster a step ({c['step_seconds']['ours']:.0f} s against "
                 f"{c['step_seconds']['trl']:.0f} s), held-out ours minus trl's {_ours(c)}."
             )

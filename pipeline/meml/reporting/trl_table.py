@@ -23,6 +23,11 @@ from meml.reporting.rl_stage import change_cell, edge_change
 from meml.reporting.tables import DATASET_TITLES, Table, model_label
 
 
+# what samples the rollouts: our loop's rl.engine, trl's generation (trl.vllm)
+ENGINE_NAMES = {"kv": "the kv engine", "vllm": "vLLM", "hf": "transformers' generate",
+                "hf-copy": "transformers' generate on a synced copy", "transformers": "transformers' generate"}  # fmt: skip
+
+
 def trl_cells(cfg: dict[str, Any]) -> list[grid.Cell]:
     return [c for c in grid.cells(cfg) if c.method in cfg["trl"]["methods"]]
 
@@ -74,6 +79,7 @@ def trl_comparison(
         ours_right = ours_right[results.cfg["grid"]["seeds"].index(cell.seed)][None, :]
         diff = stats.cell_estimate(100 * (ours_right - trl_right))
         (s_ours, t_ours), (s_trl, t_trl) = _speed(ours), _speed(theirs)
+        engines = {"ours": str(settings["engine"]), "trl": "vllm" if cfg["trl"]["vllm"] else "transformers"}
         faster, ratio = ("ours", s_trl / s_ours) if s_ours <= s_trl else ("trl", s_ours / s_trl)
         low, high = diff.interval(level) if diff.has_interval else (float("nan"), float("nan"))
         change = {who: edge_change([r["reward/mean"] for r in rows]) for who, rows in (("ours", ours), ("trl", theirs))}
@@ -86,7 +92,8 @@ def trl_comparison(
         who = "our loop" if faster == "ours" else "trl"
         lines.append(
             f"- {cell.model}/{cell.dataset}/{cell.method} seed {cell.seed}: {who} is the faster, {ratio:.2f}x by "
-            f"median step time ({s_ours:.1f} s against trl's {s_trl:.1f} s, measured in this run); held-out "
+            f"median step time ({s_ours:.1f} s against trl's {s_trl:.1f} s, measured in this run; rollouts sampled by "
+            f"{ENGINE_NAMES[engines['ours']]} in ours, {ENGINE_NAMES[engines['trl']]} in trl's); held-out "
             f"accuracy (expert {headline[1:]}) ours minus trl's {diff.mean:+.1f} points [{low:+.1f}, {high:+.1f}]; "
             f"training reward, last steps minus first, ours {change_cell(change['ours'], level)}, "
             f"trl's {change_cell(change['trl'], level)}."
@@ -100,7 +107,7 @@ def trl_comparison(
             "accuracy": {"ours": round(100 * float(ours_right.mean()), 2),
                          "trl": round(100 * float(trl_right.mean()), 2)},
             "difference": round(diff.mean, 2), "low": round(low, 2), "high": round(high, 2), "level": level,
-            "faster": faster, "ratio": round(ratio, 3),
+            "faster": faster, "ratio": round(ratio, 3), "engines": engines,
             "reward_change": {who: _change_record(est, level) for who, est in change.items()},
         })  # fmt: skip
     table.notes = [
