@@ -22,10 +22,14 @@ from meml.reporting.results import Results, correct_by_seed
 from meml.reporting.rl_stage import change_cell, edge_change
 from meml.reporting.tables import DATASET_TITLES, Table, model_label
 
-
 # what samples the rollouts: our loop's rl.engine, trl's generation (trl.vllm)
-ENGINE_NAMES = {"kv": "the kv engine", "vllm": "vLLM", "hf": "transformers' generate",
-                "hf-copy": "transformers' generate on a synced copy", "transformers": "transformers' generate"}  # fmt: skip
+ENGINE_NAMES = {
+    "kv": "the kv engine",
+    "vllm": "vLLM",
+    "hf": "transformers' generate",
+    "hf-copy": "transformers' generate on a synced copy",
+    "transformers": "transformers' generate",
+}
 
 
 def trl_cells(cfg: dict[str, Any]) -> list[grid.Cell]:
