@@ -181,3 +181,13 @@ def test_a_strategyqa_chance_is_its_larger_answer_class(world: tuple[dict, Path]
     assert results.chance("qwen2", "strategyqa", "MEML-GRPO") == 75.0
     assert results.chance("qwen2", "mathqa", "MEML-GRPO") == 20.0
     assert results.chance("qwen2", "gsm8k", "MEML-GRPO") == 0.0
+
+
+def test_a_reward_change_too_short_to_measure_is_null_in_trl_json() -> None:
+    """One step leaves no edge steps: no mean and no interval, written as JSON nulls (JSON has no NaN)."""
+    from meml.reporting.rl_stage import edge_change
+    from meml.reporting.trl_table import _change_record
+
+    record = _change_record(edge_change([0.5]), 0.95)
+    assert json.dumps(record, allow_nan=False) == '{"mean": null, "low": null, "high": null}'
+    assert _change_record(edge_change([0.0, 0.5]), 0.95) == {"mean": 50.0, "low": None, "high": None}

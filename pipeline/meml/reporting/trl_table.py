@@ -128,9 +128,10 @@ def trl_comparison(
 
 
 def _change_record(est: stats.Estimate, level: float) -> dict[str, float | None]:
-    """A reward change for trl.json: no interval (too few steps) is null, not NaN, which JSON lacks."""
+    """A reward change for trl.json: what too few steps leave undefined is null, not NaN, which JSON lacks."""
     low, high = est.interval(level) if est.has_interval else (None, None)
-    return {"mean": round(est.mean, 2), "low": low and round(low, 2), "high": high and round(high, 2)}
+    mean = round(est.mean, 2) if np.isfinite(est.mean) else None
+    return {"mean": mean, "low": low and round(low, 2), "high": high and round(high, 2)}
 
 
 def _figure(cfg: dict[str, Any], cell: grid.Cell, ours: list[dict[str, float]], theirs: list[dict[str, float]],
