@@ -384,3 +384,12 @@ def test_welch_by_hand() -> None:
     assert not stats.welch([1.0], [1.0, 2.0]).has_interval  # one value: no spread to speak of
     flat = stats.welch([0.5, 0.5], [0.5, 0.5])
     assert flat.mean == 0.0 and flat.se == 0.0 and flat.interval() == (0.0, 0.0)
+
+
+def test_an_estimate_rounded_for_json_is_null_where_undefined() -> None:
+    """mean 2.0, se 1.0, 4 df: t(0.975, 4) = 2.776445, so [-0.78, 4.78]; no interval, or no mean
+    (too few values), gives None, never NaN."""
+    assert stats.Estimate(2.0, 1.0, 4.0).rounded(0.95) == (2.0, -0.78, 4.78)
+    assert stats.Estimate(2.0, math.nan, 0.0).rounded(0.95) == (2.0, None, None)
+    assert stats.Estimate(math.nan, math.nan, 0.0).rounded(0.95) == (None, None, None)
+    assert stats.Estimate(1 / 3, 0.0, 2.0).rounded(0.95, digits=3) == (0.333, 0.333, 0.333)

@@ -69,15 +69,12 @@ def learning_records(cfg: dict[str, Any], results: Results) -> list[dict[str, An
                 evaluated = [f"e{k}" for k in grid.eval_experts(cfg, method)]
                 for column in evaluated + (["vote"] if len(evaluated) > 1 else []):
                     correct, start = paired(results, model, ds, method, column)  # SFT files read once
-                    est = stats.cell_estimate(100 * (correct - start), results.nested)
-                    low, high = est.interval(level) if est.has_interval else (None, None)
+                    difference, low, high = stats.cell_estimate(100 * (correct - start), results.nested).rounded(level)
                     records.append({
                         "model": model, "dataset": ds, "method": method, "expert": column,
                         "accuracy": round(100 * float(correct.mean()), 2),
                         "sft_accuracy": round(100 * float(start.mean()), 2),
-                        "difference": round(est.mean, 2),
-                        "low": None if low is None else round(low, 2),
-                        "high": None if high is None else round(high, 2),
+                        "difference": difference, "low": low, "high": high,
                         "level": level, "questions": int(correct.shape[1]), "seeds": int(correct.shape[0]),
                         "chance": round(results.chance(model, ds, method), 2),
                         "rl_steps": len(results.steps(model, ds, method, cfg["grid"]["seeds"][0])),

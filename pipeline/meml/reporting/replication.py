@@ -203,4 +203,4 @@ def replication(cfg: dict[str, Any], root: Path, reference: dict[str, Any]) -> t
 
 def _chance(summary: Summary, entry: dict[str, Any]) -> float:
     models, datasets = summary.scope(entry)
-    return statistics.fmean(summary.chance(m, ds, entry["a"]) for m in models for ds in datasets)
+    return statistics.fmean(summary.results.chance(m, ds, entry["a"]) for m in models for ds in datasets)

@@ -58,6 +58,16 @@ class Estimate:
         half = self.se * _t(1 - (1 - level) / 2, self.df)
         return self.mean - half, self.mean + half
 
+    def rounded(self, level: float = 0.95, digits: int = 2) -> tuple[float | None, float | None, float | None]:
+        """(mean, low, high) rounded for a JSON record; None where undefined (no interval, or no mean
+        from too few values): JSON has no NaN."""
+
+        def value(x: float | None) -> float | None:
+            return round(x, digits) if x is not None and math.isfinite(x) else None
+
+        low, high = self.interval(level) if self.has_interval else (None, None)
+        return value(self.mean), value(low), value(high)
+
     def p_value(self, null: float = 0.0) -> float:
         """Two-sided p-value of `mean == null` (with se 0: 0 when the mean differs from it, else 1)."""
         if self.se == 0:

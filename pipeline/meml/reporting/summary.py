@@ -83,9 +83,6 @@ class Summary:
             return grid.extra_models(self.cfg), self.cfg["extras"]["datasets"]
         return grid.models(self.cfg), self.cfg["grid"]["datasets"]
 
-    def chance(self, model: str, ds: str, method: str) -> float:
-        return self.results.chance(model, ds, method)
-
     def _matrix(self, model: str, ds: str, method: str, measure: str) -> tuple[list[str] | None, np.ndarray]:
         """(question ids, values[seed, question] in points); the final reward has one value a seed."""
         if measure == "final_reward":  # the last 3 steps' mean training reward, x100
@@ -107,7 +104,7 @@ class Summary:
                     raise DataError(f"{a} and {b} were evaluated on different questions ({model}/{ds}): not paired")
                 cells_a.append(xa)
                 cells_b.append(xb)
-                chances.append(0.0 if measure_a == "final_reward" else self.chance(model, ds, a))
+                chances.append(0.0 if measure_a == "final_reward" else self.results.chance(model, ds, a))
         diffs = [xa - xb for xa, xb in zip(cells_a, cells_b, strict=True)]
         comparison = Comparison(
             entry["text"], a, b if measure_b != "vote" else f"{b} (vote)", entry["claim"], entry["table"],

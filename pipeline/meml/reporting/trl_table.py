@@ -110,7 +110,7 @@ def trl_comparison(
             "tokens_per_second": {"ours": round(t_ours, 1), "trl": round(t_trl, 1)},
             "accuracy": {"ours": round(100 * float(ours_right.mean()), 2),
                          "trl": round(100 * float(trl_right.mean()), 2)},
-            "difference": round(diff.mean, 2), "low": round(low, 2), "high": round(high, 2), "level": level,
+            **dict(zip(("difference", "low", "high"), diff.rounded(level), strict=True)), "level": level,
             "faster": faster, "ratio": round(ratio, 3), "engines": engines,
             "reward_change": {who: _change_record(est, level) for who, est in change.items()},
         })  # fmt: skip
@@ -129,9 +129,7 @@ def trl_comparison(
 
 def _change_record(est: stats.Estimate, level: float) -> dict[str, float | None]:
     """A reward change for trl.json: what too few steps leave undefined is null, not NaN, which JSON lacks."""
-    low, high = est.interval(level) if est.has_interval else (None, None)
-    mean = round(est.mean, 2) if np.isfinite(est.mean) else None
-    return {"mean": mean, "low": low and round(low, 2), "high": high and round(high, 2)}
+    return dict(zip(("mean", "low", "high"), est.rounded(level), strict=True))
 
 
 def _figure(cfg: dict[str, Any], cell: grid.Cell, ours: list[dict[str, float]], theirs: list[dict[str, float]],
