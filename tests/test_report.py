@@ -12,6 +12,7 @@ from conftest import PROJECT
 from meml.core.config import load_config
 from meml.core.io import DataError
 from meml.plan import grid
+from meml.plan.layout import Layout as grid_layout
 from meml.reporting import stats
 from meml.reporting.report import build
 
@@ -22,6 +23,7 @@ E1 = {
     ("MoE+HSFT", "gsm8k"): [0.30, 0.30],
     ("MoE+HSFT", "mathqa"): [0.10, 0.10],
 }
+SFT_E1 = 0.10  # every SFT start's expert-1 accuracy (eval.sft)
 
 
 def _config(**overrides: object) -> dict:
@@ -78,6 +80,14 @@ def _write_results(cfg: dict, root: Path, e1_table: dict | None = None) -> None:
             for i in range(3)
         ]  # fmt: skip
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    for model, ds, variant in grid.calibrated(cfg):  # every SFT start: expert 1 right on 1 question in 10
+        if not cfg["eval"]["sft"]:
+            break
+        experts = {f"e{k}": {"strict": 0.0, "lenient": SFT_E1 if k == 1 else 0.30} for k in (0, 1, 2)}
+        path = grid_layout(root).eval_sft(model, ds, variant)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"model": {"experts": experts, "samples": _samples(ds, experts, True)}}))
 
     for model, ds, variant in grid.calibrated(cfg):  # MoE models in range; expert-1-only ones not
         moe = variant == "e0-e1-e2"
@@ -288,7 +298,7 @@ def test_extra_tables_and_summary_by_hand(tmp_path: Path) -> None:
 
 
 def test_methods_evaluated_on_different_questions_are_not_compared(tmp_path: Path) -> None:
-    cfg = _config()
+    cfg = _config(**{"eval.sft": False})  # (with it, the cell against its SFT start is refused first)
     _write_results(cfg, tmp_path / "results")
     path = tmp_path / "results/eval/qwen2/gsm8k/MoE+HSFT/seed0.json"
     data = json.loads(path.read_text())
@@ -538,37 +548,19 @@ def test_stages_split_the_training_variance_by_hand(tmp_path: Path) -> None:
     assert err.value.field == "report.stages.rl"
 
 
-def test_what_the_rl_stage_contributes_by_hand(built: tuple[dict, Path], tmp_path: Path) -> None:
-    """Every fixture run's reward climbs 0.1 a step (seed 1 starts 0.1 higher): with 3 steps the
-    change is the last step minus the first, 20 points for every method and seed; a method whose
-    reward stays flat in one seed and falls in the other reaches 0 and is named as such."""
-    from meml.reporting.results import Results
-    from meml.reporting.rl_stage import reward_change, rl_stage_lines
-
-    cfg, out = built
+def test_what_the_rl_stage_contributes_by_hand(built: tuple[dict, Path]) -> None:
+    """The index's RL-stage table is each method's expert-1 accuracy minus its SFT start's (10%),
+    paired by question: Expert1-SFT-GRPO scores 20% on both data sets and seeds, so +10 points,
+    all from question 1 (right after RL, wrong before, in both seeds). Crossed seeds x questions:
+    MS_seed 0, MS_question 2 x (90^2 + 9 x 10^2) / 9 = 2000, MS_error 0, so se sqrt(2000 / 20) = 10
+    on 9 df (t 2.262): [-12.6, +32.6]; over the two data sets (independent cells) se sqrt(2 x 100) /
+    2 on 18 df (t 2.101): [-4.9, +24.9]. MEML-GRPO: 10/20% on GSM8K (0 and +10 points), 50/60% on
+    MathQA (+40, +50)."""
+    _, out = built
     index = (out / "index.md").read_text()
-    assert "the mean of its last 1 step(s) minus its first 1 (points, of 3 steps)" in index
-    assert _row(index, "Expert1-SFT-GRPO")[1:] == ["+20.0 [+20.0, +20.0]"] * 3
-    assert "The policy gradient alone raises the training reward for Expert1-SFT-GRPO" in index
-
-    _write_results(cfg, tmp_path / "flat")
-    for seed, rewards in ((0, [0.5, 0.5, 0.5]), (1, [0.5, 0.4, 0.3])):
-        for ds in cfg["grid"]["datasets"]:
-            run = tmp_path / "flat" / "rl" / grid.Cell("qwen2", ds, "MoE-SFT-GRPO", seed).path
-            rows = [{"step": i, "reward/mean": r, "subgroups/all_wrong/expert0": 0.5} for i, r in enumerate(rewards)]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    results = Results(cfg, tmp_path / "flat")
-    change = reward_change(results, "qwen2", "gsm8k", "MoE-SFT-GRPO", [0, 1])
-    assert change[:, 0].tolist() == pytest.approx([0.0, -20.0])
-    lines = rl_stage_lines(cfg, results)
-    assert _row("\n".join(lines), "MoE-SFT-GRPO")[1].startswith("-10.0 [")
-    assert any(line.startswith("The policy gradient alone (MoE-SFT-GRPO: no IML") for line in lines)
-    # both seeds fall by 20 points: the interval lies below 0, and the page says the reward falls
-    for seed in (0, 1):
-        for ds in cfg["grid"]["datasets"]:
-            run = tmp_path / "flat" / "rl" / grid.Cell("qwen2", ds, "MoE-SFT-GRPO", seed).path
-            falling = enumerate([0.5, 0.4, 0.3])
-            rows = [{"step": i, "reward/mean": r, "subgroups/all_wrong/expert0": 0.5} for i, r in falling]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    lines = rl_stage_lines(cfg, Results(cfg, tmp_path / "flat"))
-    assert any("(MoE-SFT-GRPO: no IML, no HSFT) lowers the training reward" in line for line in lines), lines
+    assert "minus that of the SFT model it started RL from" in index
+    assert _row(index, "Expert1-SFT-GRPO")[1:] == ["+10.0 [-12.6, +32.6]"] * 2 + ["+10.0 [-4.9, +24.9]"]
+    meml = _row(index, "MEML-GRPO")  # all: (0 + 10 + 40 + 50) / 4
+    assert [c.split(" ")[0] for c in meml[1:]] == ["+5.0", "+45.0", "+25.0"]
+    assert "RL raised held-out accuracy over the SFT start for MEML-GRPO" in index
+    assert (out / "tables/learning.md").is_file()

@@ -74,15 +74,17 @@ def _one_shot_gradient(model: Any, s: RLSettings, kind: str, seqs: Sequences, im
     reference the micro-batched update must equal."""
     model.zero_grad(set_to_none=True)
     n, m = len(seqs.prompts), len(iml.pairs)
+    # the model's own rollouts (policy rows, and O+ under the weak prompt) at the sampling temperature
     logp, mask, _ = completion_logprobs(
-        model, seqs.prompts + iml.weak + hsft.prompts, seqs.completions + iml.tokens + hsft.targets, 0,
-        temperature=s.temperature,
-    )  # fmt: skip
+        model, seqs.prompts + iml.weak, seqs.completions + iml.tokens, 0, temperature=s.temperature
+    )
+    # HSFT's gold solutions at temperature 1, in either buffer mode
+    sft_logp, sft_mask, _ = completion_logprobs(model, hsft.prompts, hsft.targets, 0, temperature=1.0)
     rows = PolicyBatch(logp[:n], logp[:n].detach(), seqs.advantages, mask[:n])
     pl = policy_loss(rows, kind, clip_eps=s.clip_eps, length_constant=s.max_new_tokens)
     strong_rows = [seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs]
     l_iml = iml_loss(logp[strong_rows], logp[n : n + m], mask[n : n + m])
-    l_sft = sft_loss(logp[n + m :], mask[n + m :])
+    l_sft = sft_loss(sft_logp, sft_mask)
     (pl.loss + s.lambda_iml * l_iml + s.lambda_sft * l_sft).backward()
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
@@ -284,3 +286,87 @@ def test_the_reference_in_the_policys_precision_gives_kl_zero_at_the_start(model
     learner.reference = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
     stats = update_step(learner, _settings(beta=0.1), "grpo", seqs, IMLBatch([]), HSFTBatch(), Dist(0, 1, "cpu"))
     assert stats["kl"] > 0.0  # the old bf16 reference: a KL at step 0 from rounding alone
+
+
+def test_the_clipped_share_is_measured_on_the_updates_where_the_clip_can_act(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first update's ratio is 1 by construction, so clipping is counted on the later ones:
+    with updates_per_batch 2 and a large step the second update clips some tokens, and the logged
+    share is exactly its clipped tokens over its tokens (from the loss's own counts); with one
+    update a batch it is 0."""
+    from meml.training import rl
+
+    counts: list[tuple[float, float]] = []
+    policy_loss_of = rl.policy_loss
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = policy_loss_of(*args, **kwargs)
+        counts.append((out.clipped, out.tokens))
+        return out
+
+    monkeypatch.setattr(rl, "policy_loss", counted)
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    seqs, _, _ = _batch(3)
+    s = _settings(micro_batch_tokens=40, updates_per_batch=2, clip_eps=0.05)
+    stats = update_step(_learner(model, lr=3e-2), s, "grpo", seqs, IMLBatch([]), HSFTBatch(), Dist(0, 1, "cpu"))
+    per_update = len(micro_batches(seqs.prompts, seqs.completions, 40))
+    first, second = counts[:per_update], counts[per_update:]
+    assert sum(c for c, _ in first) == 0.0  # ratio exactly 1
+    expected = sum(c for c, _ in second) / sum(t for _, t in second)
+    assert expected > 0.0 and stats["clip_fraction"] == pytest.approx(expected)
+    once = update_step(
+        _learner(model, lr=3e-2), _settings(), "grpo", seqs, IMLBatch([]), HSFTBatch(), Dist(0, 1, "cpu")
+    )
+    assert once["clip_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["joint", "separate"])
+def test_hsft_scores_its_gold_solutions_at_temperature_one_in_both_modes(models: dict[str, Path], mode: str) -> None:
+    """HSFT's L_SFT is the mean token NLL of the gold solutions under the model at temperature 1
+    (as MEF scores them), whatever rl.temperature and rl.buffer.update are; at the sampling
+    temperature it would be another number. lr 0: the logged loss is the one at the start weights."""
+    from meml.training.rl import SUPERVISED_TEMPERATURE
+
+    assert SUPERVISED_TEMPERATURE == 1.0
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    seqs, _, hsft = _batch(4)
+    hsft = HSFTBatch(0, [None] * len(hsft.prompts), hsft.prompts, hsft.targets)  # type: ignore[list-item]
+    buffer = {**CONFIG["rl"]["buffer"], "update": mode}
+    s = _settings(temperature=0.5, buffer=buffer)
+    with torch.no_grad():
+        at_one, mask, _ = completion_logprobs(model, hsft.prompts, hsft.targets, 0, temperature=1.0)
+        at_t, _, _ = completion_logprobs(model, hsft.prompts, hsft.targets, 0, temperature=0.5)
+    by_hand = float(sft_loss(at_one, mask))
+    stats = update_step(_learner(model), s, "grpo", seqs, IMLBatch([]), hsft, Dist(0, 1, "cpu"))
+    assert stats["loss/sft"] == pytest.approx(by_hand, rel=1e-5)
+    assert abs(float(sft_loss(at_t, mask)) - by_hand) > 1e-2
+
+
+def test_relative_weight_change_by_hand() -> None:
+    """||theta_after - theta_before|| / ||theta_before||: weights (3, 4) moved by (0, 0.5) and a
+    bias 0 moved by 0: 0.5 / 5 = 0.1."""
+    from meml.training.rl import relative_change, weights_before
+
+    layer = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[3.0, 4.0]]))
+        layer.bias.zero_()
+    before = weights_before(layer)
+    with torch.no_grad():
+        layer.weight.add_(torch.tensor([[0.0, 0.5]]))
+    assert relative_change(layer, before) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_the_shuffled_control_permutes_the_steps_advantages() -> None:
+    """The control keeps every rollout's tokens and the step's advantages as a multiset, in another
+    order, the same order for the same (seed, step)."""
+    from meml.training.rl import shuffled
+
+    seqs, _, _ = _batch(5)
+    one = shuffled(seqs, random.Random("shuffle-0-3-0"))
+    again = shuffled(seqs, random.Random("shuffle-0-3-0"))
+    assert torch.equal(one.advantages, again.advantages)
+    assert not torch.equal(one.advantages, seqs.advantages)
+    assert sorted(one.advantages.tolist()) == sorted(seqs.advantages.tolist())
+    assert one.completions == seqs.completions and one.prompts == seqs.prompts

@@ -10,6 +10,11 @@ Measured on one SFT model (one model, data set and SFT variant), under each of i
                         this is a lower bound on the share of RL's subgroups that carry a gradient
                         (informative only: no range)
     greedy_accuracy     the headline expert's greedy accuracy on test questions (evaluation's reading)
+    heldout             the headline expert on the same test questions, k = rl.group_size samples
+                        each at RL's sampling: pass@1 (the share of correct samples) against pass@k
+                        (the share of questions with a correct sample). The gap is the headroom RL
+                        can turn into pass@1: what the model sometimes gets right and could learn to
+                        get right every time (informative only: no range)
     answer_balance      the largest answer class's share of the test split (StrategyQA: a constant
                         answer scores it; MathQA: a constant letter does), for the chance level
 Each value is checked against `calibration.ranges` (with the data set's `ranges_by_dataset` entry
@@ -46,24 +51,48 @@ class CalibrationError(DataError):
     """An MEF model outside the informative range, with the gate set to stop."""
 
 
+def sample_correct(engine: Any, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
+                   sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, list[list[Any]]]:  # fmt: skip
+    """expert -> one list per record of its n samples' (correct, finished, tokens); every expert's
+    prompts go through the engine together (fewer, fuller batches)."""
+    asked = [(k, r) for k in experts for r in records]
+    outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
+    found: dict[int, list[list[Any]]] = {k: [] for k in experts}
+    for (k, record), samples in zip(asked, outs, strict=True):
+        found[k].append([
+            (is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished), c.finished,
+             len(c.token_ids))
+            for c in samples
+        ])  # fmt: skip
+    return found
+
+
 def _sample(engine: Any, tokenizer: Any, records: list[Any], experts: Sequence[int], n: int,
             sampling: Sampling, prompts: Sequence[str], mode: str) -> dict[int, tuple[float, ...]]:  # fmt: skip
     """expert -> (share correct, share finished, mean tokens, share of records whose n samples
-    disagree) under that expert's prompt; every expert's prompts go through the engine together
-    (fewer, fuller batches)."""
-    asked = [(k, r) for k in experts for r in records]
-    outs = engine.generate([prompt_ids(tokenizer, chat_messages(r, k, prompts)) for k, r in asked], n, sampling)
-    tally = {k: [0, 0, 0, 0, 0] for k in experts}  # correct, finished, tokens, total, records with mixed rewards
-    for (k, record), samples in zip(asked, outs, strict=True):
-        right = [is_correct(c.text, record.dataset, record.answer, mode, record.options, c.finished) for c in samples]
-        tally[k][0] += sum(right)
-        tally[k][1] += sum(c.finished for c in samples)
-        tally[k][2] += sum(len(c.token_ids) for c in samples)
-        tally[k][3] += len(samples)
-        tally[k][4] += 0 < sum(right) < len(right)
+    disagree) under that expert's prompt."""
+    out: dict[int, tuple[float, ...]] = {}
+    for k, per_record in sample_correct(engine, tokenizer, records, experts, n, sampling, prompts, mode).items():
+        every = [s for samples in per_record for s in samples]
+        total = max(len(every), 1)
+        mixed = sum(0 < sum(c for c, _, _ in samples) < len(samples) for samples in per_record)
+        out[k] = (
+            sum(c for c, _, _ in every) / total,
+            sum(f for _, f, _ in every) / total,
+            sum(t for _, _, t in every) / total,
+            mixed / max(len(per_record), 1),
+        )
+    return out
+
+
+def pass_at(per_record: list[list[Any]]) -> dict[str, float]:
+    """pass@1 (the share of correct samples) and pass@k (the share of records with a correct one),
+    k the samples per record."""
+    k = len(per_record[0]) if per_record else 0
     return {
-        k: (correct / total, finished / total, tokens / total, mixed / (total / n))
-        for k, (correct, finished, tokens, total, mixed) in tally.items()
+        "k": k,
+        "pass_at_1": round(sum(c for samples in per_record for c, _, _ in samples) / max(k * len(per_record), 1), 4),
+        "pass_at_k": round(sum(any(c for c, _, _ in samples) for samples in per_record) / max(len(per_record), 1), 4),
     }
 
 
@@ -84,6 +113,7 @@ def measure(
     train_questions: int,
     samples: int,
     test_questions: int | None,
+    heldout_samples: int = 0,
     prompts: Sequence[str],
     mode: str,
     seed: int,
@@ -123,6 +153,9 @@ def measure(
     accuracy, greedy_finished, _, _ = _sample(engine, tokenizer, shown, [headline], 1, greedy, prompts, mode)[headline]
     out["greedy"] = {"expert": headline, "questions": len(shown), "accuracy": round(accuracy, 4),
                      "finished": round(greedy_finished, 4)}  # fmt: skip
+    if heldout_samples:  # the headroom RL can turn into pass@1, on the same test questions
+        drawn = sample_correct(engine, tokenizer, shown, [headline], heldout_samples, sampling, prompts, mode)
+        out["heldout"] = {"expert": headline, "questions": len(shown), **pass_at(drawn[headline])}
     out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None
     return out
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core import tracking
+from meml.core.config import dataset_rl
 from meml.core.precision import of_config
 from meml.core.records import check_dataset_name
 from meml.data.experts import prompts_of
@@ -91,6 +92,7 @@ def calibrate(
         train_questions=settings["train_questions"],
         samples=settings["samples"],
         test_questions=settings["test_questions"],
+        heldout_samples=dataset_rl(cfg, dataset)["group_size"],
         prompts=prompts_of(cfg),
         mode=cfg["reward"]["mode"],
         seed=cfg["seed"],

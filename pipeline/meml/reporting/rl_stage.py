@@ -1,24 +1,33 @@
-"""What the RL stage contributes, per method: the change in training reward from a run's first
-steps to its last, with an interval over seeds. The claims compare methods after RL; this says
-whether RL itself moved the reward, so that a reader knows what "RL" means in the run. A method
-without IML and HSFT learns from the policy gradient alone: where its interval reaches 0, the
-policy gradient did not raise the reward within the run's steps, and the methods' differences come
-from what else they do (their SFT start, IML's likelihood term, HSFT's SFT updates).
+"""What the RL stage contributes, per method: the held-out accuracy of each cell minus that of the SFT
+model it started RL from, on the same test questions under the headline expert's prompt, paired by
+question, with the study's interval over seeds (learning.py pairs them; results.cells_average pools
+data sets and models as the claims do). The claims compare methods after RL; this says what RL
+itself added to each, so that a reader knows whether "GRPO beats X" is a statement about RL.
 
-With one seed there is no spread over runs; the interval is then Welch's over the edge steps' own
-rewards (each a mean over one step's questions and rollouts): it says whether this run's reward
-moved beyond its step-to-step noise, not whether another run would move as much.
+Beside it, the headroom RL had: each SFT start's pass@1 against its pass@k (k the group size, at
+RL's sampling) on held-out questions, from the calibration gate. A model that sometimes answers a
+question right (pass@k) but usually not (pass@1) is what RLVR can sharpen; where the two are close,
+there is little for the policy gradient to find.
+
+The training reward's change from a run's first steps to its last is not a measure of learning
+here: one step's reward is a handful of questions, and which questions a step draws moves it as
+much as training does. It stays in the reward-curve figures and in trl's side-by-side
+(`edge_change`), read as a curve, not as the headline.
 """
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from meml.core.io import read_json
 from meml.plan import grid
+from meml.plan.layout import Layout
 from meml.reporting import stats
+from meml.reporting.learning import paired
 from meml.reporting.results import Results, cells_average
 
 EDGE_STEPS = 3  # the fewest steps averaged at each end: one step's reward is a handful of questions
@@ -29,38 +38,12 @@ def edge_steps(steps: int) -> int:
     return min(max(EDGE_STEPS, steps // 10), steps // 2)
 
 
-def reward_change(results: Results, model: str, ds: str, method: str, seeds: list[int]) -> np.ndarray:
-    """seeds x 1: 100 x (mean reward of the last EDGE_STEPS steps - of the first EDGE_STEPS)."""
-    values = []
-    for seed in seeds:
-        rewards = [r["reward/mean"] for r in results.steps(model, ds, method, seed)]
-        k = edge_steps(len(rewards))
-        if k == 0:
-            values.append([float("nan")])
-            continue
-        values.append([100 * (statistics.fmean(rewards[-k:]) - statistics.fmean(rewards[:k]))])
-    return np.array(values)
-
-
 def edge_change(rewards: list[float]) -> stats.Estimate:
     """100 x (the last edge steps' mean reward - the first edge steps'), Welch's interval over those
     steps: one run's reward change (ours, or trl's beside it)."""
     points = [100 * r for r in rewards]
     k = edge_steps(len(points))
     return stats.welch(points[-k:], points[:k]) if k else stats.Estimate(float("nan"), float("nan"), 0.0)
-
-
-def one_run_change(results: Results, model: str, ds: str, method: str, seed: int) -> stats.Estimate:
-    return edge_change([r["reward/mean"] for r in results.steps(model, ds, method, seed)])
-
-
-def change_estimate(cfg: dict[str, Any], results: Results, datasets: list[str], method: str) -> stats.Estimate:
-    """The reward change of a method averaged over the grid's models and `datasets`: interval over
-    seeds, or with one seed over the edge steps of each run (the runs' estimates averaged)."""
-    seeds, models = cfg["grid"]["seeds"], grid.models(cfg)
-    if len(seeds) == 1:
-        return stats.average([one_run_change(results, m, ds, method, seeds[0]) for m in models for ds in datasets])
-    return cells_average(cfg, models, [reward_change(results, m, ds, method, seeds) for m in models for ds in datasets])
 
 
 def change_cell(est: stats.Estimate, level: float) -> str:
@@ -73,58 +56,92 @@ def change_cell(est: stats.Estimate, level: float) -> str:
     return f"{est.mean:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-def rl_stage_lines(cfg: dict[str, Any], results: Results) -> list[str]:
-    """Markdown: the table of reward changes (per data set and over all), and one sentence on the
-    methods that learn from the policy gradient alone."""
+def heldout_gain(cfg: dict[str, Any], results: Results, datasets: list[str], method: str) -> stats.Estimate:
+    """A method's held-out accuracy minus its SFT start's, in points, under the headline expert,
+    averaged over the grid's models and `datasets` as the claims average (cells_average)."""
+    expert = f"e{cfg['report']['headline_expert']}"
+    models = grid.models(cfg)
+    cells = []
+    for model in models:
+        for ds in datasets:
+            rl, start = paired(results, model, ds, method, expert)
+            cells.append(100 * (rl - start))
+    return cells_average(cfg, models, cells)
+
+
+def verdict(est: stats.Estimate, level: float) -> str:
+    """raised | lowered | no clear change, by the interval."""
+    if not est.has_interval:
+        return "no interval"
+    low, high = est.interval(level)
+    return "raised" if low > 0 else "lowered" if high < 0 else "no clear change"
+
+
+def headroom(cfg: dict[str, Any], root: Path) -> list[tuple[str, str, float, float, float, int]]:
+    """(data set, SFT variant, greedy, pass@1, pass@k, k): the SFT starts' held-out headroom from the
+    calibration files (means over the seeds' models), where the gate measured it."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for model, ds, run in grid.calibrated(cfg):
+        path = Layout(root).calibration(model, ds, run)
+        record = read_json(path) if path.is_file() else {}
+        if "heldout" in record:
+            variant = run.split("/")[0]
+            found.setdefault((ds, variant), []).append(record)
+    return [
+        (ds, variant,
+         100 * statistics.fmean(r["greedy"]["accuracy"] for r in records),
+         100 * statistics.fmean(r["heldout"]["pass_at_1"] for r in records),
+         100 * statistics.fmean(r["heldout"]["pass_at_k"] for r in records),
+         int(records[0]["heldout"]["k"]))
+        for (ds, variant), records in sorted(found.items())
+    ]  # fmt: skip
+
+
+def rl_stage_lines(cfg: dict[str, Any], results: Results, root: Path) -> list[str]:
+    """Markdown: each method's held-out change over its SFT start (per data set and over all), one
+    sentence on what RL did, and the SFT starts' headroom."""
     level = cfg["report"]["stats"]["level"]
-    seeds, models, datasets = cfg["grid"]["seeds"], grid.models(cfg), cfg["grid"]["datasets"]
-    run_steps = {ds: max(len(results.steps(models[0], ds, m, seeds[0])) for m in grid.methods(cfg)) for ds in datasets}
-    steps = max(run_steps.values(), default=0)
-    over = "interval over seeds" if len(seeds) > 1 else "one seed: Welch's interval over those steps' rewards"
-    if len(set(run_steps.values())) == 1:
-        k = edge_steps(steps)
-        ends = f"the mean of its last {k} step(s) minus its first {k} (points, of {steps} steps)"
-    else:  # data sets of different lengths (rl_by_dataset): each run's own ends
-        per = ", ".join(f"{ds} {edge_steps(n)} of {n}" for ds, n in run_steps.items())
-        ends = f"the mean of its last k steps minus its first k (points; k of the steps: {per})"
+    if not cfg["eval"]["sft"]:
+        return [
+            "What the RL stage contributes: not measured (eval.sft: false). With eval.sft: true every SFT model RL "
+            "starts from is evaluated like the cells, and each method's held-out change over its SFT start is "
+            "given here, paired by question."
+        ]
+    datasets, seeds = cfg["grid"]["datasets"], cfg["grid"]["seeds"]
+    over = "interval over seeds" if len(seeds) > 1 else "one seed: paired over the test questions alone"
     lines = [
-        f"What the RL stage contributes: each method's training reward, {ends}, averaged over "
-        f"{', '.join(models)}; {100 * level:.0f}% {over}.",
+        f"What the RL stage contributes: each method's held-out accuracy (expert {cfg['report']['headline_expert']}'s "
+        "prompt) minus that of the SFT model it started RL from, on the same test questions, paired by question "
+        f"(points; {100 * level:.0f}% {over}; the learning table has every expert):",
         "",
         "| method | " + " | ".join(datasets) + " | all |",
         "| --- | " + " | ".join("---" for _ in datasets) + " | --- |",
     ]
-    gradient_only: list[tuple[str, stats.Estimate]] = []
+    by_verdict: dict[str, list[str]] = {}
     for method in grid.methods(cfg):
-        per_ds = [change_estimate(cfg, results, [ds], method) for ds in datasets]
-        pooled = change_estimate(cfg, results, datasets, method)
+        per_ds = [heldout_gain(cfg, results, [ds], method) for ds in datasets]
+        pooled = heldout_gain(cfg, results, datasets, method)
         lines.append(f"| {method} | " + " | ".join(change_cell(e, level) for e in [*per_ds, pooled]) + " |")
-        switches = cfg["methods"][method]
-        if not switches.get("iml") and not switches.get("hsft"):
-            gradient_only.append((method, pooled))
-    within = "" if len(seeds) > 1 else " (within this one run: another run may move otherwise)"
-    bounds = [(m, e.interval(level)) for m, e in gradient_only if e.has_interval]
-    flat = [m for m, (low, high) in bounds if low <= 0 <= high]
-    rising = [m for m, (low, _) in bounds if low > 0]
-    falling = [m for m, (_, high) in bounds if high < 0]
-    lines.append("")
-    if flat or falling:
-        moved = f"does not raise the training reward within these {steps} steps (the interval reaches 0)"
-        if falling and not flat:
-            moved = f"lowers the training reward within these {steps} steps (the interval lies below 0)"
-        elif falling:
-            moved += f"; for {', '.join(falling)} it falls (the interval lies below 0)"
+        by_verdict.setdefault(verdict(pooled, level), []).append(method)
+    said = {
+        "raised": "RL raised held-out accuracy over the SFT start for",
+        "lowered": "RL lowered it for",
+        "no clear change": "no clear change (the interval reaches 0) for",
+    }
+    lines += [
+        "",
+        "; ".join(f"{said[v]} {', '.join(by_verdict[v])}" for v in said if v in by_verdict) + " (over all data sets).",
+    ]
+    room = headroom(cfg, root)
+    if room:
         lines.append(
-            f"The policy gradient alone ({', '.join(flat + falling)}: no IML, no HSFT) {moved}{within}: in this run, "
-            "differences between methods come from their SFT start and from IML's and HSFT's supervised terms, not "
-            "from GRPO's own learning."
+            "The SFT starts' headroom on held-out questions (the calibration gate, expert "
+            f"{cfg['report']['headline_expert']}, mean over seeds): "
+            + "; ".join(
+                f"{ds} {variant}: greedy {g:.1f}, pass@1 {p1:.1f}, pass@{k} {pk:.1f}"
+                for ds, variant, g, p1, pk, k in room
+            )
+            + ". Pass@k above pass@1 is what RL can turn into pass@1."
         )
-    if rising:
-        lines.append(f"The policy gradient alone raises the training reward for {', '.join(rising)}{within}.")
-    if len(seeds) > 1:
-        lines.append(
-            "A seed's steps draw the same questions for every method (the question order is the seed's), so a hard "
-            "batch at either end moves every method's change alike; the differences between methods' changes are "
-            "free of it."
-        )
+    lines.append("The training reward's curve over the steps is in the reward-curve figures.")
     return lines

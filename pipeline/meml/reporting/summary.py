@@ -266,7 +266,7 @@ def render(cfg: dict[str, Any], results: Results, root: Path, decision: Decision
         elif section == "questions":
             lines += ["", "The open questions need the extras (`config/toy-seeds.yaml`); this run has none."]
     lines += ["", "The regime (descriptive, no verdict):", *_regime_lines(cfg, results, root)]
-    lines += ["", *rl_stage_lines(cfg, results)]
+    lines += ["", *rl_stage_lines(cfg, results, root)]
     lines += _spread_lines(summary, spread_pairs(entries))
     return lines
 

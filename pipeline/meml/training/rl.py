@@ -9,6 +9,9 @@ A method is a set of switches (config `methods.<name>`), never a code path:
     hsft        the hard-example buffer and its SFT updates, weighted by rl.lambda_sft
     dynamic_sampling  (a baseline, not MEML) up to this many extra rounds replace the questions on
                 which every rollout got the same reward, as DAPO's dynamic sampling does
+    shuffle_advantages  (a null control, not a method) the step's advantages are permuted among its
+                rollouts before the update: the same update sizes with the reward's information
+                removed, so what it does to held-out accuracy is what noise alone does
 
 One step, for Q questions and E experts:
     1. sample Q questions (a seeded permutation per epoch; the position is checkpointed)
@@ -42,6 +45,7 @@ engine's weights are synced and checked (rollout.check_synced).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -94,7 +98,6 @@ __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 def _read(cls: type, section: dict[str, Any], where: str) -> Any:
     """`cls` (a dataclass) from its config section: each field from the key of its name, converted
     to the field's type; a key missing is an error naming it."""
-    import dataclasses
     import typing
 
     hints = typing.get_type_hints(cls)
@@ -186,6 +189,7 @@ class Method:
     iml: bool
     hsft: bool
     dynamic_sampling: int = 0
+    shuffle_advantages: bool = False
 
     @classmethod
     def from_config(cls, name: str, switches: dict[str, Any]) -> Method:
@@ -197,6 +201,7 @@ class Method:
             bool(switches["iml"]),
             bool(switches["hsft"]),
             int(switches.get("dynamic_sampling") or 0),
+            bool(switches.get("shuffle_advantages") or False),
         )
 
 
@@ -337,6 +342,12 @@ def hsft_solutions(source: str, records: list[Record], experts_dir: Path) -> Any
     return lambda h: trajectories.get((h.question_id, h.expert), by_id[h.question_id].rationale)
 
 
+# HSFT's SFT term is a likelihood of solutions the model never sampled (the buffer's gold
+# rationales), so it is scored as MEF scores them, at temperature 1, in both buffer modes; only
+# the model's own rollouts (the policy rows, and IML's O+) are scored at the sampling temperature.
+SUPERVISED_TEMPERATURE = 1.0
+
+
 # ---------------------------------------------------------------------------------------------------
 # The loop.
 
@@ -401,6 +412,8 @@ def run_rl(
             groups, rollout_seconds = sampled.groups, time.time() - t0
             # 4. advantages inside each (question, expert) subgroup, flattened          (N,) sequences
             seqs = advantages_step(groups, method.advantage, run.stops.end_of_turn)
+            if method.shuffle_advantages:  # the null control: same sizes, no information (seeded: resume-safe)
+                seqs = shuffled(seqs, random.Random(f"shuffle-{args.seed}-{step}-{dist.rank}"))
             # 5. IML pairs: best and worst expert per question; ties broken by a seeded draw (resume-safe)
             tie_break = random.Random(f"iml-{args.seed}-{step}-{dist.rank}")
             iml = iml_step(groups, tie_break, args.reward.format_bonus) if method.iml else IMLBatch([])
@@ -471,6 +484,15 @@ def advantages_step(groups: Groups, advantage: str, end_of_turn: int) -> Sequenc
     )
 
 
+def shuffled(seqs: Sequences, rng: random.Random) -> Sequences:
+    """The step's advantages permuted among its rollouts (the shuffled-advantage control): each
+    rollout keeps its tokens and gets another rollout's advantage, so the update has the real one's
+    sizes and sparsity but no relation to which completion was right."""
+    order = list(range(len(seqs.advantages)))
+    rng.shuffle(order)
+    return dataclasses.replace(seqs, advantages=seqs.advantages[order])
+
+
 @dataclass(frozen=True)
 class IMLBatch:
     """Step 5's output: for each pair, the worst expert's prompt and the best expert's rollout (its
@@ -531,16 +553,21 @@ def update_step(
 ) -> dict[str, float]:
     """7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
     (L_SFT on the first update only, under rl.buffer.update: joint); under `separate` the drained
-    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses, and the gap
-    between the engine's log-probs of the tokens it drew and the learner's at the same weights.
+    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses, the clipped
+    share of the later updates, the step's relative weight change, and the gap between the engine's
+    log-probs of the tokens it drew and the learner's at the same weights.
 
-    Every log-prob is taken at the sampling temperature (completion_logprobs), so the ratio, the KL
-    and the entropy are those of the policy that drew the rollouts. Each update runs in
-    micro-batches of at most rl.micro_batch_tokens tokens (scoring.micro_batches), backward after
-    each: the policy's rows first, then IML's and HSFT's rows. Each loss divides by a constant of
-    the whole batch (N rollouts, M pairs, B examples), so the micro-batches' gradients add up to
-    the one-shot gradient of the same loss. The old and the reference log-probs are scored in the
-    same micro-batches as the update, so the first update's ratio is exactly 1."""
+    Temperatures: the policy rows and IML's rows are scored at the sampling temperature T
+    (completion_logprobs), so the ratio, the KL and the entropy are those of the policy that drew
+    the rollouts, and IML compares two prompts' probabilities of O+ as it was drawn (its strong side
+    is O+'s own policy row). HSFT's rows are scored at temperature 1 in both buffer modes: they are
+    gold solutions the model never sampled, an NLL under the model as in MEF (SUPERVISED_TEMPERATURE).
+    Each update runs in micro-batches of at most rl.micro_batch_tokens tokens
+    (scoring.micro_batches), backward after each: the policy's rows first, then IML's, then HSFT's.
+    Each loss divides by a constant of the whole batch (N rollouts, M pairs, B examples), so the
+    micro-batches' gradients add up to the one-shot gradient of the same loss. The old and the
+    reference log-probs are scored in the same micro-batches as the update, so the first update's
+    ratio is exactly 1 (which is why the clipped share is taken over the later updates)."""
     policy, pad, precision, T = learner.policy, learner.pad, learner.precision, s.temperature
     device = next(policy.parameters()).device
     n, m = len(seqs.prompts), len(iml.pairs)
@@ -548,17 +575,19 @@ def update_step(
     batches = micro_batches(seqs.prompts, seqs.completions, s.micro_batch_tokens)
     advantages = seqs.advantages.to(device)
     strong_rows = _rows_of(seqs.positions, [(p.question, p.best, p.rollout) for p in iml.pairs])  # O+'s policy row
+    before = weights_before(policy)
 
-    def score(model: Any, rows: list[int], prompts: list[list[int]], targets: list[list[int]], entropy: bool = False):
+    def score(rows: list[int], prompts: list[list[int]], targets: list[list[int]], entropy: bool = False,
+              model: Any = policy, temperature: float = T):  # fmt: skip
         return completion_logprobs(
-            model, [prompts[r] for r in rows], [targets[r] for r in rows], pad, entropy, temperature=T
+            model, [prompts[r] for r in rows], [targets[r] for r in rows], pad, entropy, temperature=temperature
         )
 
     def policy_rows_scored(model: Any) -> Tensor:  # (N, t_max), no graph
         out = torch.zeros((n, t_max), device=device)
         with torch.no_grad(), precision.autocast():
             for rows in batches:
-                logp, _, _ = score(model, rows, seqs.prompts, seqs.completions)
+                logp, _, _ = score(rows, seqs.prompts, seqs.completions, model=model)
                 out[rows, : logp.shape[1]] = logp.float()
         return out
 
@@ -566,6 +595,7 @@ def update_step(
     ref_logp = policy_rows_scored(learner.reference) if learner.reference is not None else None
 
     stats: dict[str, float] = {}
+    later_clipped = later_tokens = 0.0  # the clip can act only after the first update
     for update in range(s.updates_per_batch):
         with_sft = bool(hsft.prompts) and update == 0 and s.buffer.update == "joint"
         learner.optimizer.zero_grad(set_to_none=True)
@@ -575,7 +605,7 @@ def update_step(
         clipped = tokens = kl_sum = entropy_sum = 0.0
         for rows in batches:
             with precision.autocast():
-                logp, mask, entropy = score(policy, rows, seqs.prompts, seqs.completions, entropy=update == 0)
+                logp, mask, entropy = score(rows, seqs.prompts, seqs.completions, entropy=update == 0)
                 t = logp.shape[1]
                 rows_batch = PolicyBatch(
                     logp,
@@ -594,36 +624,33 @@ def update_step(
             clipped, tokens, kl_sum = clipped + pl.clipped, tokens + pl.tokens, kl_sum + pl.kl_sum
             if entropy is not None:
                 entropy_sum += float((entropy * mask).sum())
-        # IML's rows (O+ under the worst expert's prompt), then HSFT's (first update only)
-        aux_prompts = iml.weak + (hsft.prompts if with_sft else [])
-        aux_targets = iml.tokens + (hsft.targets if with_sft else [])
-        for rows in micro_batches(aux_prompts, aux_targets, s.micro_batch_tokens) if aux_prompts else []:
+        if update > 0:
+            later_clipped, later_tokens = later_clipped + clipped, later_tokens + tokens
+        # IML's rows: O+ under the worst expert's prompt, at T like O+'s strong side
+        for rows in micro_batches(iml.weak, iml.tokens, s.micro_batch_tokens) if m else []:
             with precision.autocast():
-                logp, mask, _ = score(policy, rows, aux_prompts, aux_targets)
-                loss = torch.zeros((), device=device)
-                pairs = [i for i, r in enumerate(rows) if r < m]
-                if pairs:
-                    # the strong side, log p(O+ | Q, P_best), is O+'s own policy row at these weights
-                    # (the loss stops its gradient); on later updates each token is weighted by its
-                    # clipped importance ratio, since O+ was drawn by the batch's old policy
-                    strong_at = [strong_rows[rows[i]] for i in pairs]
-                    t = min(logp.shape[1], t_max)  # HSFT rows in the micro-batch may be longer
-                    strong = torch.zeros_like(logp[pairs]).float()
-                    strong[:, :t] = now[strong_at, :t]
-                    weight = None
-                    if old_logp is not None and update > 0:
-                        weight = torch.ones_like(strong)
-                        ratio = torch.exp(now[strong_at, :t] - old_logp[strong_at, :t])
-                        weight[:, :t] = ratio.clamp(1 - s.clip_eps, 1 + s.clip_eps)
-                    term = iml_loss(strong, logp[pairs], mask[pairs], weight, pairs_total=m)
-                    loss = loss + s.lambda_iml * term
-                    l_iml += term.item()
-                examples = [i for i, r in enumerate(rows) if r >= m]
-                if examples:
-                    term = sft_loss(logp[examples], mask[examples], examples_total=len(hsft.prompts))
-                    loss = loss + s.lambda_sft * term
-                    l_sft += term.item()
-            loss.backward()
+                logp, mask, _ = score(rows, iml.weak, iml.tokens)
+                # the strong side, log p(O+ | Q, P_best), is O+'s own policy row at these weights
+                # (the loss stops its gradient); on later updates each token is weighted by its
+                # clipped importance ratio, since O+ was drawn by the batch's old policy
+                strong_at = [strong_rows[r] for r in rows]
+                t = logp.shape[1]
+                strong = now[strong_at, :t]
+                weight = None
+                if old_logp is not None and update > 0:
+                    weight = torch.exp(now[strong_at, :t] - old_logp[strong_at, :t]).clamp(
+                        1 - s.clip_eps, 1 + s.clip_eps
+                    )
+                term = iml_loss(strong, logp, mask, weight, pairs_total=m)
+            (s.lambda_iml * term).backward()
+            l_iml += term.item()
+        # HSFT's rows (first update only): gold solutions, at temperature 1
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens) if with_sft else []:
+            with precision.autocast():
+                logp, mask, _ = score(rows, hsft.prompts, hsft.targets, temperature=SUPERVISED_TEMPERATURE)
+                term = sft_loss(logp, mask, examples_total=len(hsft.prompts))
+            (s.lambda_sft * term).backward()
+            l_sft += term.item()
         dist.average_gradients(policy)  # the replicas take the same step
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
         learner.optimizer.step()
@@ -634,15 +661,33 @@ def update_step(
                 "loss/iml": l_iml,
                 "loss/sft": l_sft,
                 "kl": kl_sum / max(tokens, 1.0),
-                "clip_fraction": clipped / max(tokens, 1.0),
                 "entropy": entropy_sum / max(tokens, 1.0),
                 "grad_norm": float(grad_norm),
                 **sampler_gap(seqs, now, mask_all),
             }
+    stats["clip_fraction"] = later_clipped / max(later_tokens, 1.0)  # 0 with one update a batch
     learner.scheduler.step()  # once a step: rl.warmup_steps counts RL steps, not optimiser updates
     if hsft.drained and s.buffer.update == "separate":  # every process steps (its share may be empty)
         stats["loss/sft"] = _separate_sft_step(learner, s, hsft, dist)
+    stats["update/relative_change"] = relative_change(policy, before)
     return stats
+
+
+def weights_before(policy: Any) -> list[Tensor]:
+    """A copy of the weights before the step, on the CPU (a GPU keeps no second copy)."""
+    return [p.detach().to("cpu", copy=True) for p in policy.parameters()]
+
+
+def relative_change(policy: Any, before: list[Tensor]) -> float:
+    """||theta_after - theta_before|| / ||theta_before|| over every weight: how far one RL step
+    moves the model, the figure to read beside the learning rate (a step that moves the weights
+    by a large share of their size on noisy advantages drifts, whatever the loss says)."""
+    moved = total = 0.0
+    with torch.no_grad():
+        for p, b in zip(policy.parameters(), before, strict=True):
+            moved += float((p.detach().cpu().double() - b.double()).pow(2).sum())
+            total += float(b.double().pow(2).sum())
+    return math.sqrt(moved / max(total, 1e-30))
 
 
 def _rows_of(positions: list[tuple[int, int, int]], wanted: list[tuple[int, int, int]]) -> dict[int, int]:
@@ -669,7 +714,7 @@ def sampler_gap(seqs: Sequences, learner_logp: Tensor, mask: Tensor) -> dict[str
 
 def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: Dist) -> float:
     """The drained batch's own AdamW step at rl.buffer.sft_lr, an SFT update as the SFT stage takes
-    it (temperature 1), in micro-batches like the RL update."""
+    it (at SUPERVISED_TEMPERATURE, as the joint mode scores it), in micro-batches like the RL update."""
     policy = learner.policy
     device = next(policy.parameters()).device
     learner.sft_optimizer.zero_grad(set_to_none=True)
@@ -678,7 +723,11 @@ def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: D
         for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens):
             with learner.precision.autocast():
                 sft_logp, sft_mask, _ = completion_logprobs(
-                    policy, [hsft.prompts[r] for r in rows], [hsft.targets[r] for r in rows], learner.pad
+                    policy,
+                    [hsft.prompts[r] for r in rows],
+                    [hsft.targets[r] for r in rows],
+                    learner.pad,
+                    temperature=SUPERVISED_TEMPERATURE,
                 )
                 l_sft = sft_loss(sft_logp, sft_mask, examples_total=len(hsft.prompts))
             l_sft.backward()
