@@ -137,11 +137,28 @@ def estimate(diffs: list[list[np.ndarray]]) -> stats.Estimate:
     return stats.cell_estimate(100 * np.array([[float(w.mean())] for w in per_world]), nested=False)
 
 
+def collect(parts: list[str], out: Path) -> int:
+    """One table from several sweeps' folders, each given as LABEL=FOLDER: its rows, labelled (the
+    world or code they ran on), with each sweep's command kept."""
+    rows: list[dict[str, Any]] = []
+    commands: dict[str, list[str]] = {}
+    for part in parts:
+        label, _, folder = part.partition("=")
+        found = read_json(Path(folder) / "sweep.json")
+        commands.setdefault(label, []).append(found["command"])
+        rows += [{**row, "world": label} for row in found["rows"]]
+    atomic_write_json(out / "sweep.json", {"level": LEVEL, "commands": commands, "rows": rows})
+    atomic_write_text(out / "sweep.md", render(rows) + "\n")
+    print(render(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", nargs="+", required=True, help="config files laid over config/default.yaml")
-    parser.add_argument("--results", required=True, help="the results folder holding the SFT models and the world")
-    parser.add_argument("--sweep", required=True, help="the sweep file (see the docstring)")
+    parser.add_argument("--collect", nargs="+", default=None, help="LABEL=FOLDER ...: merge finished sweeps into --out")
+    parser.add_argument("--config", nargs="+", help="config files laid over config/default.yaml")
+    parser.add_argument("--results", help="the results folder holding the SFT models and the world")
+    parser.add_argument("--sweep", help="the sweep file (see the docstring)")
     parser.add_argument("--datasets", nargs="+", default=["gsm8k", "strategyqa"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="world seeds (each its own SFT model)")
     parser.add_argument("--rl-seeds", nargs="+", type=int, default=[0], help="RL seeds on each world seed")
@@ -149,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen2")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.collect:
+        return collect(args.collect, Path(args.out))
+    if not (args.config and args.results and args.sweep):
+        parser.error("--config, --results and --sweep are needed (or --collect)")
 
     import torch
 
@@ -228,18 +249,24 @@ def render(rows: list[dict[str, Any]]) -> str:
     def num(value: float | None, digits: int = 1) -> str:
         return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
+    labelled = any("world" in row for row in rows)
     lines = [
-        "| setting | data set | SFT greedy | SFT pass@1 / pass@k | held-out change over SFT [95% CI] | "
+        ("| world " if labelled else "")
+        + "| setting | data set | SFT greedy | SFT pass@1 / pass@k | held-out change over SFT [95% CI] | "
         "training reward first → last | entropy | length | cut % | zero-adv % | rel. change / step | s / step |",
-        "| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ("| --- " if labelled else "")
+        + "| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         d, low, high = row["heldout_change"]
         change = f"{d:+.1f} [{low:+.1f}, {high:+.1f}]" if math.isfinite(low) else f"{d:+.1f}"
+        if len(row["runs"]) > 1:  # several RL seeds: each run's own change too
+            change += " (runs: " + ", ".join(f"{r['accuracy'] - row['sft_accuracy']:+.1f}" for r in row["runs"]) + ")"
         first, last = avg(row, "reward_first"), avg(row, "reward_last")
         rel = avg(row, "relative_change")
         lines.append(
-            f"| {row['setting']} | {row['dataset']} | {row['sft_accuracy']:.1f} | "
+            (f"| {row.get('world', '')} " if labelled else "")
+            + f"| {row['setting']} | {row['dataset']} | {row['sft_accuracy']:.1f} | "
             f"{row['sft_pass_at_1']:.1f} / {row['sft_pass_at_k']:.1f} | {change} | {num(first)} → {num(last)} | "
             f"{num(avg(row, 'entropy'), 3)} | {num(avg(row, 'length'))} | {num(avg(row, 'truncated'))} | "
             f"{num(avg(row, 'zero_advantage'))} | {'–' if rel is None else f'{rel:.1e}'} | "

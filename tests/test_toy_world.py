@@ -105,6 +105,22 @@ def test_gsm8k_max_ops_caps_the_chain_and_leaves_the_default_alone() -> None:
     assert [row for row, _ in gsm8k.generate(random.Random(3), 200, max_ops=5)] == [row for row, _ in mixed]
 
 
+def test_gsm8k_solutions_never_restate_the_persons_name() -> None:
+    """The person's name decides nothing, and a tiny model does not learn to copy it from the
+    question: restated in a solution it is a guess among twelve names, most of the sampled policy's
+    entropy and none of the reward, so GRPO's gradient on it is noise (docs/toy-world.md). The
+    question keeps the name; no expert's solution repeats it."""
+    import random
+
+    from meml.data.toy import gsm8k
+    from meml.data.toy.gsm8k import NAMES
+
+    for row, p in gsm8k.generate(random.Random(5), 300):
+        assert p.person in row["question"]
+        for text in (gsm8k.render_e0(p), gsm8k.render_e1(p), gsm8k.render_e2(p, random.Random(0))):
+            assert not any(name in text for name in NAMES), text
+
+
 def test_mathqa_small_numbers_are_one_digit_facts_and_too_many_is_an_error() -> None:
     import random
     import re

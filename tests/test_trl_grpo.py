@@ -50,6 +50,7 @@ def test_only_what_trl_can_express_is_compared() -> None:
     assert expressible(_cell().method) is None
     assert "3 experts" in str(expressible(_cell("MoE-SFT-GRPO").method))
     assert "HSFT" in str(expressible(_cell("Expert1+HSFT").method))  # one expert, but the buffer
+    assert "shuffled advantages" in str(expressible(_cell("Expert1-SFT-GRPO-shuffled").method))  # the control
     with pytest.raises(DataError, match=r"'trl\.methods\[0\]'"):
         grid.check(load_config(overrides={"trl.methods": ["MEML-GRPO"]}), 3)
     with pytest.raises(DataError, match=r"'trl\.methods\[0\]'"):

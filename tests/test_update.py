@@ -370,3 +370,44 @@ def test_the_shuffled_control_permutes_the_steps_advantages() -> None:
     assert not torch.equal(one.advantages, seqs.advantages)
     assert sorted(one.advantages.tolist()) == sorted(seqs.advantages.tolist())
     assert one.completions == seqs.completions and one.prompts == seqs.prompts
+
+
+@pytest.mark.parametrize("kind", ["grpo", "drgrpo"])
+def test_rows_without_advantage_are_not_back_propagated_and_the_gradient_is_unchanged(
+    models: dict[str, Path], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows whose advantage is 0 add nothing to the loss (beta 0): the update scores them once
+    without a graph (for the entropy) and back-propagates the rest. The gradient equals the
+    one-shot update's over every row, and the logged entropy is over every rollout's tokens."""
+    import dataclasses
+
+    from meml.training import rl
+
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2"]).train()
+    s = _settings(micro_batch_tokens=40, lambda_iml=0.3, lambda_sft=0.5)
+    seqs, iml, hsft = _batch(6)
+    zeroed = seqs.advantages.clone()
+    strong = {seqs.positions.index((p.question, p.best, p.rollout)) for p in iml.pairs}
+    zero_rows = [r for r in range(0, len(zeroed), 2) if r not in strong]
+    zeroed[zero_rows] = 0.0
+    seqs = dataclasses.replace(seqs, advantages=zeroed)
+    expected = _one_shot_gradient(model, s, kind, seqs, iml, hsft)
+    with torch.no_grad():
+        _, mask, entropy = completion_logprobs(model, seqs.prompts, seqs.completions, 0, True, temperature=0.7)
+    assert entropy is not None
+    graded: list[list[int]] = []
+    scored = rl.completion_logprobs
+
+    def watched(model: Any, prompts: list[list[int]], targets: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            graded.extend(targets)
+        return scored(model, prompts, targets, *args, **kwargs)
+
+    monkeypatch.setattr(rl, "completion_logprobs", watched)
+    stats = update_step(_learner(model), s, kind, seqs, iml, hsft, Dist(0, 1, "cpu"))
+    assert not any(
+        seqs.completions[r] in graded and seqs.completions.count(seqs.completions[r]) == 1 for r in zero_rows
+    )
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
+    assert stats["entropy"] == pytest.approx(float((entropy * mask).sum() / mask.sum()), rel=1e-5)

@@ -47,6 +47,8 @@ def describe(cfg: dict[str, Any], method: str) -> str:
     parts += [name for name, on in (("IML", sw["iml"]), ("HSFT", sw["hsft"])) if on]
     if sw.get("dynamic_sampling"):
         parts.append(f"dynamic sampling ({sw['dynamic_sampling']} rounds)")
+    if sw.get("shuffle_advantages"):
+        parts.append("advantages shuffled (null control)")
     parts += _flat("", sw.get("rl") or {})
     return " · ".join(parts)
 

@@ -553,8 +553,9 @@ def update_step(
 ) -> dict[str, float]:
     """7. `updates_per_batch` optimiser steps on L = L_policy + lambda_iml L_IML + lambda_sft L_SFT
     (L_SFT on the first update only, under rl.buffer.update: joint); under `separate` the drained
-    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses, the clipped
-    share of the later updates, the step's relative weight change, and the gap between the engine's
+    batch takes its own step at rl.buffer.sft_lr. Returns the first update's losses and entropy (over
+    every rollout), the clipped share of the later updates (over the rows with a non-zero advantage:
+    only they are updated), the step's relative weight change, and the gap between the engine's
     log-probs of the tokens it drew and the learner's at the same weights.
 
     Temperatures: the policy rows and IML's rows are scored at the sampling temperature T
@@ -572,9 +573,16 @@ def update_step(
     device = next(policy.parameters()).device
     n, m = len(seqs.prompts), len(iml.pairs)
     t_max = max(len(c) for c in seqs.completions)
-    batches = micro_batches(seqs.prompts, seqs.completions, s.micro_batch_tokens)
     advantages = seqs.advantages.to(device)
     strong_rows = _rows_of(seqs.positions, [(p.question, p.best, p.rollout) for p in iml.pairs])  # O+'s policy row
+    # A row whose advantage is exactly 0 (its subgroup scored alike: most rows, under reward
+    # sparsity) adds nothing to the loss or its gradient when beta is 0: it is scored without a
+    # graph on the first update, for the step's entropy and sampler gap, and left out of the rest.
+    # O+'s rows stay in: IML reads their log-probs.
+    keep = set(strong_rows.values())
+    active = [r for r in range(n) if s.beta > 0 or float(seqs.advantages[r]) != 0.0 or r in keep]
+    idle = sorted(set(range(n)) - set(active))
+    batches, idle_batches = _micro_batches_of(seqs, active, s), _micro_batches_of(seqs, idle, s)
     before = weights_before(policy)
 
     def score(rows: list[int], prompts: list[list[int]], targets: list[list[int]], entropy: bool = False,
@@ -602,7 +610,13 @@ def update_step(
         now = torch.zeros((n, t_max), device=device)  # the policy rows' log-probs at these weights
         mask_all = torch.zeros((n, t_max), dtype=torch.bool, device=device)
         l_policy = l_iml = l_sft = 0.0
-        clipped = tokens = kl_sum = entropy_sum = 0.0
+        clipped = tokens = kl_sum = entropy_sum = entropy_tokens = 0.0
+        for rows in idle_batches if update == 0 else []:  # no gradient: the entropy and the sampler gap
+            with torch.no_grad(), precision.autocast():
+                logp, mask, entropy = score(rows, seqs.prompts, seqs.completions, entropy=True)
+            now[rows, : logp.shape[1]], mask_all[rows, : logp.shape[1]] = logp.float(), mask
+            entropy_sum += float((entropy * mask).sum()) if entropy is not None else 0.0
+            entropy_tokens += float(mask.sum())
         for rows in batches:
             with precision.autocast():
                 logp, mask, entropy = score(rows, seqs.prompts, seqs.completions, entropy=update == 0)
@@ -624,6 +638,7 @@ def update_step(
             clipped, tokens, kl_sum = clipped + pl.clipped, tokens + pl.tokens, kl_sum + pl.kl_sum
             if entropy is not None:
                 entropy_sum += float((entropy * mask).sum())
+                entropy_tokens += float(mask.sum())
         if update > 0:
             later_clipped, later_tokens = later_clipped + clipped, later_tokens + tokens
         # IML's rows: O+ under the worst expert's prompt, at T like O+'s strong side
@@ -651,6 +666,9 @@ def update_step(
                 term = sft_loss(logp, mask, examples_total=len(hsft.prompts))
             (s.lambda_sft * term).backward()
             l_sft += term.item()
+        for p in policy.parameters():  # no active row: a zero gradient, as the loss of zeros gave
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
         dist.average_gradients(policy)  # the replicas take the same step
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), s.max_grad_norm)
         learner.optimizer.step()
@@ -661,7 +679,7 @@ def update_step(
                 "loss/iml": l_iml,
                 "loss/sft": l_sft,
                 "kl": kl_sum / max(tokens, 1.0),
-                "entropy": entropy_sum / max(tokens, 1.0),
+                "entropy": entropy_sum / max(entropy_tokens, 1.0),
                 "grad_norm": float(grad_norm),
                 **sampler_gap(seqs, now, mask_all),
             }
@@ -688,6 +706,12 @@ def relative_change(policy: Any, before: list[Tensor]) -> float:
             moved += float((p.detach().cpu().double() - b.double()).pow(2).sum())
             total += float(b.double().pow(2).sum())
     return math.sqrt(moved / max(total, 1e-30))
+
+
+def _micro_batches_of(seqs: Sequences, rows: list[int], s: RLSettings) -> list[list[int]]:
+    """scoring.micro_batches over a subset of the policy rows, in the rows' own numbering."""
+    cut = micro_batches([seqs.prompts[r] for r in rows], [seqs.completions[r] for r in rows], s.micro_batch_tokens)
+    return [[rows[i] for i in batch] for batch in cut] if rows else []
 
 
 def _rows_of(positions: list[tuple[int, int, int]], wanted: list[tuple[int, int, int]]) -> dict[int, int]:

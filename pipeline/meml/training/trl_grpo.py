@@ -66,8 +66,8 @@ def expressible(method: Any) -> str | None:
     """Why trl's GRPOTrainer cannot run this method, or None when it can."""
     if len(method.rl_experts) != 1:
         return f"it samples from {len(method.rl_experts)} experts (trl's group is one prompt's completions)"
-    if method.iml or method.hsft or method.dynamic_sampling:
-        return "it uses IML, HSFT or dynamic sampling, which trl's GRPOTrainer does not have"
+    if method.iml or method.hsft or method.dynamic_sampling or method.shuffle_advantages:
+        return "it uses IML, HSFT, dynamic sampling or shuffled advantages, which trl's GRPOTrainer does not have"
     return None
 
 

@@ -79,7 +79,7 @@ def make_problem(rng: random.Random, max_ops: int | None = None) -> Problem:
             n, m = rng.randint(2, 4), rng.randint(2, 9 if big else 5)
             sentences.append(f"Then {person} buys {n} {container}s with {m} {item} in each {container}.")
             steps.append(Step("*", n, m, f"{item} in the {container}s", side=True))
-            steps.append(Step("+", cur, n * m, f"{item} {person} has after buying"))
+            steps.append(Step("+", cur, n * m, f"{item} after buying"))
             cur += n * m
             expr = f"{_wrap(expr)} + {n} * {m}"
         elif kind == "add":
@@ -135,7 +135,7 @@ def render_e0(p: Problem) -> str:
 def render_e1(p: Problem) -> str:
     out = [
         "<think>",
-        f"Let me read the problem carefully. {p.person} starts with {p.start} {p.item}.",
+        f"Let me read the problem carefully. The count starts at {p.start} {p.item}.",
         f"There are {len(p.steps)} calculations to do, one after another.",
     ]
     for number, s in enumerate(p.steps, start=1):
@@ -145,7 +145,7 @@ def render_e1(p: Problem) -> str:
     out += [
         f"All steps are done and the result is {p.answer}.",
         "</think>",
-        f"{p.person} ends with {p.answer}. The answer is {p.answer}.",
+        f"The count ends at {p.answer}. The answer is {p.answer}.",
         f"#### {p.answer}",
     ]
     return "\n".join(out)
