@@ -147,6 +147,13 @@ def collect(parts: list[str], out: Path) -> int:
         found = read_json(Path(folder) / "sweep.json")
         commands.setdefault(label, []).append(found["command"])
         rows += [{**row, "world": label} for row in found["rows"]]
+    # a setting run again with more RL seeds (its first run among them) replaces its earlier row
+    most: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["world"], row["setting"], row["dataset"])
+        if key not in most or len(row["runs"]) > len(most[key]["runs"]):
+            most[key] = row
+    rows = [row for row in rows if most[(row["world"], row["setting"], row["dataset"])] is row]
     atomic_write_json(out / "sweep.json", {"level": LEVEL, "commands": commands, "rows": rows})
     atomic_write_text(out / "sweep.md", render(rows) + "\n")
     print(render(rows))

