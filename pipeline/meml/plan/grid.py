@@ -325,7 +325,8 @@ def check(cfg: dict[str, Any], n_prompts: int) -> None:
         # from a GGUF file may train on them (config/real-learn.yaml); a hub model is the real world's
         if cfg["world"] == "toy" and not source.startswith(("tiny:", "gguf:")):
             raise DataError(
-                "the toy world trains tiny models or a model from a GGUF file (source: tiny:qwen2, tiny:llama, gguf:...)",
+                "the toy world trains tiny models or a model from a GGUF file "
+                "(source: tiny:qwen2, tiny:llama, gguf:...)",
                 None,
                 None,
                 f"models.{name}.source",
