@@ -18,8 +18,8 @@ A sweep file names the settings, each laid over the config (a method's name, `rl
       lr2e-5: {rl: {lr: 2.0e-5}}
       lr2e-5-shuffled: {rl: {lr: 2.0e-5}, shuffle: true}
 
-    .venv/bin/python scripts/rl_sweep.py --config config/toy-study.yaml config/rl-sweep.yaml \\
-        --results results/<profile> --sweep <sweep.yaml> --datasets gsm8k strategyqa --seeds 0 1 2 \\
+    .venv/bin/python scripts/rl_sweep.py --config config/toy-study.yaml \\
+        --results results/<profile> --sweep scripts/rl-sweep.yaml --datasets gsm8k strategyqa --seeds 0 1 2 \\
         --out report/example/rl-sweep
 
 writes <out>/runs/ (each run's folder, kept: a rerun skips a finished run), <out>/sft/ (each SFT
