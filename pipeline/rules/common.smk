@@ -43,6 +43,21 @@ CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 SIMULATED_GPUS = int(os.environ.get("MEML_SIMULATE_GPUS") or 0)
 GPU = 1 if config["device"] == "cuda" or SIMULATED_GPUS else 0
 PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
+# The node's GPUs as the command grants them (`--resources gpu=N`), for the CPU threads of GPU jobs.
+_granted = workflow.global_resources.get("gpu")
+NODE_GPUS = int(getattr(_granted, "value", _granted) or 0)
+
+
+def gpu_threads(gpus):
+    """CPU threads of a job that holds `gpus` GPUs: `threads`, but never more than those GPUs' share of
+    the cores, so that every GPU can hold a job at once (`--cores 16 --resources gpu=8`: eight one-GPU
+    jobs of 2 threads each, where `threads: 8` would let two run). `threads` without a GPU count: a CPU
+    run, or SLURM, where each job is given the cores it asks for on a node of its own."""
+    cores = workflow.resource_settings.cores
+    if not gpus or not NODE_GPUS or not cores:
+        return config["threads"]
+    return max(1, min(config["threads"], cores * gpus // NODE_GPUS))
+
 
 # The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
 # `meml.run` hands the job to the warm worker (pipeline/meml/worker.py: torch, transformers,

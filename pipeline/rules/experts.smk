@@ -5,6 +5,11 @@
 # an output: Snakemake never deletes it, so a rerun only asks for what is missing.
 
 
+def vllm_teacher(k):
+    """Whether expert k's teacher is a local model on a GPU (backend vllm), not an API or a file."""
+    return config["teachers"].get(f"e{k}", {}).get("backend") == "vllm"
+
+
 rule gold_expert:
     input:
         str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
@@ -32,9 +37,10 @@ rule teacher_trajectories:
     params:
         # only this expert's teacher, so changing one teacher reruns only its expert
         cfg=lambda w: cli_config("profile", "mlflow", "experts", only={"teachers": [f"e{w.k}"]}),
-    threads: config["threads"]
+    # an API teacher waits on the network for hours: one thread and no GPU, never a GPU job's share
+    threads: lambda w: gpu_threads(1) if vllm_teacher(w.k) else 1
     resources:
-        gpu=lambda w: 1 if config["teachers"].get(f"e{w.k}", {}).get("backend") == "vllm" else 0,
+        gpu=lambda w: 1 if vllm_teacher(w.k) else 0,
     log:
         f"{LOGS}/experts/{{ds}}_e{{k}}.log",
     shell:

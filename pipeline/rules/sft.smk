@@ -21,7 +21,7 @@ rule sft:
         seed=variant_seed,
         env=job_env,
         launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
-    threads: config["threads"]
+    threads: gpu_threads(GPU * PROCESSES)
     resources:
         gpu=GPU * PROCESSES,
     log:
