@@ -57,7 +57,9 @@ def _most_at_once(jobs: list[dict[str, Any]]) -> int:
 def test_eight_gpu_jobs_run_at_once_under_the_documented_command(tmp_path: Path) -> None:
     """Fourteen RL cells ready together after four SFT runs, under `--cores 16 --resources gpu=8`:
     eight GPU jobs run at once, each with 2 threads (16 cores / 8 GPUs; `threads: 8` would let two
-    run), each on a pretend GPU of its own. The API teachers hold one thread and no GPU."""
+    run), each on a pretend GPU of its own. The API teachers hold one thread and no GPU. Each SFT
+    run starts after its model's trajectories were checked against RL's cap, which starts after
+    the teachers."""
     gpus = {"MEML_SIMULATE_GPUS": "8"}
     done, jobs = _standin(tmp_path, *NODE, "--", *RL_GSM8K, env=gpus)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -67,9 +69,17 @@ def test_eight_gpu_jobs_run_at_once_under_the_documented_command(tmp_path: Path)
     assert {j["threads"] for j in on_gpus} == {2}
     teachers = [j for j in jobs if j["rule"] == "teacher_trajectories"]
     assert len(teachers) == 2 and all(j["threads"] == 1 and j["gpu"] == 0 for j in teachers), teachers
-    # the pretend GPUs as meml.core.gpus placed them: all eight used, none by two jobs at once
+    # the pretend GPUs as meml.core.gpus placed them: one a job, never one for two jobs at once
     placed = [json.loads(x) for x in (tmp_path / "logs/paper/gpus.jsonl").read_text().splitlines()]
-    assert {r["devices"] for r in placed} == {str(k) for k in range(8)}
+    assert len(placed) == len(on_gpus) and all(r["devices"] in {str(k) for k in range(8)} for r in placed)
     for i, a in enumerate(placed):
         for b in placed[i + 1 :]:
             assert not (a["start"] < b["end"] and b["start"] < a["end"] and a["devices"] == b["devices"]), (a, b)
+    # the check of the trajectories' lengths: after the teachers, before SFT
+    # results/paper/real/lengths/<model>/gsm8k.json
+    checked = {j["output"][0].split("/")[4]: j for j in jobs if j["rule"] == "trajectory_lengths"}
+    assert set(checked) == {"qwen2", "llama"}
+    assert all(c["start"] >= max(t["end"] for t in teachers) for c in checked.values())
+    for sft in (j for j in jobs if j["rule"] == "sft"):
+        model = sft["output"][0].split("/")[3]
+        assert sft["start"] >= checked[model]["end"], (sft, checked[model])

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
 from meml.core.config import offline_env, run_settings, without_run_keys  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
-from meml.plan import checks, grid  # noqa: E402
+from meml.plan import checks, grid, teacher_stage  # noqa: E402
 from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
 
 # The config checked (its defaults filled in), a target naming what the config lacks refused, and a

@@ -60,3 +60,40 @@ rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from 
     shell:
         "{MEML} standin-byo --dataset {wildcards.ds} --expert {wildcards.k} --data {params.data} --out {params.out} "
         "> {log} 2>&1"
+
+
+# RL's check of the trajectories' lengths (training/lengths.py), as a job of its own right after the
+# teachers and before SFT: for the RL cells of this model and data set, the share of their experts'
+# trajectories longer than their rl.max_new_tokens, in the base model's tokenizer, against
+# rl.max_truncated_share. A cap that does not fit stops the run here, before SFT is paid for, with
+# RL's message; RL checks again when it starts. SFT takes its output as `ancient`: a changed cap
+# checks again without retraining SFT (and once an SFT run of the pair has finished, a cap that does
+# not fit is a warning here, its output kept, and RL's own refusal).
+rule trajectory_lengths:
+    input:
+        base_model_files,
+        data=str(LAYOUT.data("real", "{ds}") / "train.jsonl"),
+        experts=lambda w: [
+            str(LAYOUT.experts("real", w.ds) / f"e{k}.jsonl")
+            for k in sorted({k for c in teacher_stage.checks_before_sft(config, w.model, w.ds) for k in c["experts"]})
+        ],
+    output:
+        str(LAYOUT.lengths("{model}", "{ds}")),
+    params:
+        checks=lambda w: shlex.quote(json.dumps(teacher_stage.checks_before_sft(config, w.model, w.ds))),
+        model=lambda w: base_model_path(w),
+        data=str(LAYOUT.data("real", "{ds}")),
+        experts=str(LAYOUT.experts("real", "{ds}")),
+        sft=str(LAYOUT.sft("{model}", "{ds}", "")),
+        env=job_env,
+    log:
+        f"{LOGS}/lengths/{{model}}_{{ds}}.log",
+    shell:
+        "{params.env} {MEML} check-lengths --model {params.model} --dataset {wildcards.ds} --data {params.data} "
+        "--experts-dir {params.experts} --checks {params.checks} --sft {params.sft:q} --out {output:q} > {log:q} 2>&1"
+
+
+def length_check(wildcards):
+    """The check of an SFT run's trajectories against RL's cap (real world), as SFT's input."""
+    return ancient(str(LAYOUT.lengths(wildcards.model, wildcards.ds))) if WORLD == "real" else []
+
