@@ -1,11 +1,15 @@
 """The paper's grid on a rented 8-GPU node, scheduled on a CPU: Snakemake's own scheduler over the
 paper config's DAG under the documented command (`--cores 16 --resources gpu=8`), every job a
-stand-in (tests/standin_snakemake.py) on 8 pretend GPUs (MEML_SIMULATE_GPUS=8)."""
+stand-in (tests/standin_snakemake.py) on 8 pretend GPUs (MEML_SIMULATE_GPUS=8). And the teacher
+stage before the rental: alone on a machine without a GPU, carried to the node, refused there."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +19,7 @@ import pytest
 from conftest import PAPER_DATA_PINS, PROJECT
 
 from meml.core.config import load_config
+from meml.plan import teacher_stage
 
 pytestmark = pytest.mark.slow  # a few Snakemake runs of the paper config's DAG, seconds of stand-ins each
 
@@ -23,6 +28,14 @@ NODE = ["--cores", "16", "--resources", "gpu=8"]  # the documented command's
 METHODS = load_config(PROJECT / "config/paper.yaml")["grid"]["methods"]
 # every RL cell of both models on GSM8K: four SFT runs, then fourteen RL jobs that could run at once
 RL_GSM8K = [f"results/paper/rl/{m}/gsm8k/{method}/seed0/DONE" for m in ("qwen2", "llama") for method in METHODS]
+TEACHER_STAGE = {
+    "hub_model",
+    "mlflow_store",
+    "prepare_real",
+    "gold_expert",
+    "teacher_trajectories",
+    "trajectory_lengths",
+}
 
 
 Jobs = list[dict[str, Any]]
@@ -37,7 +50,7 @@ def _standin(
     record = folder / "standin-jobs.jsonl"
     cmd = [sys.executable, str(PROJECT / "tests/standin_snakemake.py"), str(record), "2", "--snakefile",
            str(PROJECT / "Snakefile"), "--directory", str(folder), "--configfile", *PAPER, *args]  # fmt: skip
-    clean = {k: v for k, v in os.environ.items() if k != "MEML_SIMULATE_GPUS"}
+    clean = {k: v for k, v in os.environ.items() if k not in ("MEML_SIMULATE_GPUS", teacher_stage.OVERRIDE)}
     environ = {**clean, "HF_TOKEN": "hf_placeholder", "MEML_GPU_LOCKS": str(folder / "gpu-locks"), **(env or {})}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=folder, env=environ)
     jobs = [json.loads(line) for line in record.read_text().splitlines()] if record.is_file() else []
@@ -57,10 +70,10 @@ def _most_at_once(jobs: list[dict[str, Any]]) -> int:
 def test_eight_gpu_jobs_run_at_once_under_the_documented_command(tmp_path: Path) -> None:
     """Fourteen RL cells ready together after four SFT runs, under `--cores 16 --resources gpu=8`:
     eight GPU jobs run at once, each with 2 threads (16 cores / 8 GPUs; `threads: 8` would let two
-    run), each on a pretend GPU of its own. The API teachers hold one thread and no GPU. Each SFT
-    run starts after its model's trajectories were checked against RL's cap, which starts after
-    the teachers."""
-    gpus = {"MEML_SIMULATE_GPUS": "8"}
+    run), each on a pretend GPU of its own. The API teachers, run on the node because
+    MEML_TEACHERS_ON_GPU_NODE=1 says so, hold one thread and no GPU. Each SFT run starts after
+    its model's trajectories were checked against RL's cap, which starts after the teachers."""
+    gpus = {"MEML_SIMULATE_GPUS": "8", teacher_stage.OVERRIDE: "1"}
     done, jobs = _standin(tmp_path, *NODE, "--", *RL_GSM8K, env=gpus)
     assert done.returncode == 0, done.stderr[-4000:]
     on_gpus = [j for j in jobs if j["gpu"]]
@@ -83,3 +96,61 @@ def test_eight_gpu_jobs_run_at_once_under_the_documented_command(tmp_path: Path)
     for sft in (j for j in jobs if j["rule"] == "sft"):
         model = sft["output"][0].split("/")[3]
         assert sft["start"] >= checked[model]["end"], (sft, checked[model])
+
+
+def test_the_teacher_stage_runs_alone_without_a_gpu_and_the_node_refuses_to_run_it(tmp_path: Path) -> None:
+    """`snakemake ... teachers` (make teachers) on a machine without a GPU runs the teacher stage and
+    nothing after it. On the GPU node before the results are carried there, the documented command
+    refuses to start the teachers, before any job, saying why and how to override it; once `meml
+    carry` (make carry) has copied them, the node's dry run lists no job of that stage."""
+    cpu, node = tmp_path / "cpu", tmp_path / "node"
+    done, jobs = _standin(cpu, "--cores", "16", "--", "teachers")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert {j["rule"] for j in jobs} == {*TEACHER_STAGE, "teachers"} and not any(j["gpu"] for j in jobs)
+    assert sum(j["rule"] == "teacher_trajectories" for j in jobs) == 6  # two API teachers, three data sets
+    assert sum(j["rule"] == "trajectory_lengths" for j in jobs) == 6  # two models, three data sets
+
+    simulated = {"MEML_SIMULATE_GPUS": "8"}
+    refused, ran = _standin(node, *NODE, "--", *RL_GSM8K[:1], env=simulated)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and not ran and not (node / "results").exists()
+    assert "would start 2 teacher job(s) on a machine with 8 GPU(s): teachers.e1 on gsm8k, teachers.e2 on gsm8k" in said
+    assert "every SFT job waits on the teachers, so the GPUs would idle" in said
+    assert "make teachers CONFIG=" in said and "make carry CONFIG=" in said and f"{teacher_stage.OVERRIDE}=1" in said
+
+    carry = subprocess.run(
+        [sys.executable, "-m", "meml.cli", "carry", "--configfile", *PAPER, "--to", f"{node}", "--print"],
+        capture_output=True, text=True, cwd=cpu, timeout=600,
+    )  # fmt: skip
+    assert carry.returncode == 0, carry.stderr
+    command = shlex.split(carry.stdout.strip().splitlines()[-1])
+    assert command[:2] == ["rsync", "-aR"] and command[-1] == f"{node}/"
+    paths = command[3:-1]
+    assert {"results/paper", ".snakemake/metadata", "logs/paper"} <= set(paths), paths
+    if shutil.which("rsync"):
+        subprocess.run(command, cwd=cpu, check=True, capture_output=True)
+    else:  # what rsync -aR does for a new folder: each path kept relative, with its times
+        subprocess.run(["cp", "-a", "--parents", *paths, f"{node}/"], cwd=cpu, check=True)
+    dry = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--snakefile", str(PROJECT / "Snakefile"), "--directory", str(node),
+         "--configfile", *PAPER, *NODE, "--", *RL_GSM8K],
+        capture_output=True, text=True, cwd=node, timeout=600, env={**os.environ, "HF_TOKEN": "x", **simulated},
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    listed = set(re.findall(r"^(\w+)\s+\d+$", dry.stdout, re.M)) - {"total", "job"}
+    assert listed == {"sft", "rl"}, listed
+
+
+def test_the_refusal_names_api_teachers_only_and_gives_way_to_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(PROJECT / "config/paper.yaml")
+    cfg["teachers"]["e3"] = {"backend": "jsonl", "path": "mine"}
+    cfg["teachers"]["e4"] = {"backend": "openai", "standin": True}
+    jobs = [("teacher_trajectories", {"k": str(k), "ds": "gsm8k"}) for k in (1, 2, 3, 4)] + [("sft", {"model": "x"})]
+    monkeypatch.delenv(teacher_stage.OVERRIDE, raising=False)
+    said = teacher_stage.refusal(cfg, jobs, 8, ["config/paper.yaml"])
+    assert said and "start 2 teacher job(s)" in said and "teachers.e3" not in said and "teachers.e4" not in said
+    assert "make teachers CONFIG=config/paper.yaml" in said
+    assert teacher_stage.refusal(cfg, jobs, 0, []) is None  # no GPU here: the place to run them
+    assert teacher_stage.refusal(cfg, jobs[2:], 8, []) is None  # a file and the local stand-in wait on nothing
+    monkeypatch.setenv(teacher_stage.OVERRIDE, "1")
+    assert teacher_stage.refusal(cfg, jobs, 8, []) is None

@@ -12,6 +12,7 @@ meml prepare          load a real data set (hub id or local folder) into prepare
 meml gold-expert      real world: expert 0's trajectories from the gold rationales
 meml teach            real world: expert k's trajectories from its teacher
 meml check-lengths    real world: the trajectories' lengths against RL's cap, before SFT
+meml carry            the teacher stage's results to a GPU node (rsync)
 meml standin-byo      real-smoke: a bring-your-own trajectory file from the gold rationales
 meml agreement        check the answer checker against real gold rationales
 meml sft              multi-expert SFT (MEF)
@@ -159,6 +160,21 @@ def cmd_check_lengths(args: argparse.Namespace) -> None:
               f"(allowed {check['max_truncated_share']:.0%})")  # fmt: skip
     if "error" in result:
         print(f"warning: SFT has run already; RL will refuse these cells: {result['error']}", file=sys.stderr)
+
+
+def cmd_carry(args: argparse.Namespace) -> None:
+    import subprocess
+
+    from meml.core.config import deep_merge, load_config
+    from meml.plan.teacher_stage import carry_command, shell_line
+
+    cfg = load_config(args.configfile[0])
+    for path in args.configfile[1:]:  # laid over one another as Snakemake's --configfile does
+        cfg = deep_merge(cfg, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    command = carry_command(cfg, args.to)
+    print(shell_line(command))
+    if not args.print:
+        raise SystemExit(subprocess.run(command).returncode)
 
 
 def cmd_standin_byo(args: argparse.Namespace) -> None:
@@ -497,6 +513,14 @@ def main(argv: list[str] | None = None) -> int:
                    "makes a cap that does not fit a warning (RL refuses it), not a failure")  # fmt: skip
     p.add_argument("--out", required=True, help="JSON of the shares over the cap")
     p.set_defaults(func=cmd_check_lengths)
+
+    p = sub.add_parser(
+        "carry", help="the teacher stage's results to a GPU node (rsync), to run from the project folder"
+    )
+    p.add_argument("--configfile", nargs="+", required=True, help="the run's config files, as Snakemake takes them")
+    p.add_argument("--to", required=True, help="host:folder, the project's folder on the GPU node")
+    p.add_argument("--print", action="store_true", help="print the rsync command, run nothing")
+    p.set_defaults(func=cmd_carry)
 
     args = parser.parse_args(argv)
     try:

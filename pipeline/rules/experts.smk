@@ -3,6 +3,8 @@
 # (`teachers.e<k>`: an OpenAI-compatible API, a local vLLM model, or your own JSONL), rejection-
 # sampled by the answer checker. The teacher cache (results/<profile>/real/teacher_cache/) is not
 # an output: Snakemake never deletes it, so a rerun only asks for what is missing.
+# `snakemake ... teachers` (make teachers) runs this stage alone, on a machine without a GPU, and a
+# local run with GPUs refuses to start an API teacher (plan/teacher_stage.py; docs/gpus-and-clusters.md).
 
 
 def vllm_teacher(k):
@@ -97,3 +99,13 @@ def length_check(wildcards):
     """The check of an SFT run's trajectories against RL's cap (real world), as SFT's input."""
     return ancient(str(LAYOUT.lengths(wildcards.model, wildcards.ds))) if WORLD == "real" else []
 
+
+# The teacher stage alone: every data set's expert trajectories and their check against RL's cap
+# (and what they need: the data sets, the base models' tokenizers). `make teachers CONFIG=...`.
+TRAINED = sorted({(c.model, c.dataset) for c in CELLS})  # the (model, data set) pairs SFT and RL train
+
+
+rule teachers:
+    input:
+        expand(str(LAYOUT.experts(WORLD, "{ds}") / "e{k}.jsonl"), ds=sorted({ds for _, ds in TRAINED}), k=ALL_EXPERTS),
+        [str(LAYOUT.lengths(m, ds)) for m, ds in TRAINED] if WORLD == "real" else [],
