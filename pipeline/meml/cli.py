@@ -11,6 +11,8 @@ meml pin              the hub's current commits of the grid's unpinned models an
 meml prepare          load a real data set (hub id or local folder) into prepared JSONL
 meml gold-expert      real world: expert 0's trajectories from the gold rationales
 meml teach            real world: expert k's trajectories from its teacher
+meml check-lengths    real world: the trajectories' lengths against RL's cap, before SFT
+meml carry            the teacher stage's results to a GPU node (rsync)
 meml standin-byo      real-smoke: a bring-your-own trajectory file from the gold rationales
 meml agreement        check the answer checker against real gold rationales
 meml sft              multi-expert SFT (MEF)
@@ -144,6 +146,35 @@ def cmd_teach(args: argparse.Namespace) -> None:
         f"questions have an accepted trajectory (acceptance {summary['acceptance_rate']}); "
         f"{summary.get('questions_failed', 0)} failed on every retry this time (the next run asks for them again)"
     )
+
+
+def cmd_check_lengths(args: argparse.Namespace) -> None:
+    from meml.training.lengths import check_before_sft
+
+    sft_done = bool(args.sft) and any(Path(args.sft).rglob("DONE"))
+    result = check_before_sft(args.model, args.data, args.experts_dir, json.loads(args.checks), sft_done)
+    atomic_write_json(Path(args.out), result)
+    for check in result["checks"]:
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in check["over_cap"].items())
+        print(f"{args.dataset}: over rl.max_new_tokens = {check['max_new_tokens']}: {shares} "
+              f"(allowed {check['max_truncated_share']:.0%})")  # fmt: skip
+    if "error" in result:
+        print(f"warning: SFT has run already; RL will refuse these cells: {result['error']}", file=sys.stderr)
+
+
+def cmd_carry(args: argparse.Namespace) -> None:
+    import subprocess
+
+    from meml.core.config import deep_merge, load_config
+    from meml.plan.teacher_stage import carry_command, shell_line
+
+    cfg = load_config(args.configfile[0])
+    for path in args.configfile[1:]:  # laid over one another as Snakemake's --configfile does
+        cfg = deep_merge(cfg, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    command = carry_command(cfg, args.to)
+    print(shell_line(command))
+    if not args.print:
+        raise SystemExit(subprocess.run(command).returncode)
 
 
 def cmd_standin_byo(args: argparse.Namespace) -> None:
@@ -471,6 +502,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expert", type=int, required=True)
     p.add_argument("--results", default=None, help="results root (default results/<profile>)")
     p.set_defaults(func=cmd_teach)
+
+    p = sub.add_parser("check-lengths", help="real world: the trajectories' lengths against RL's cap, before SFT")
+    p.add_argument("--model", required=True, help="the base model's folder (its tokenizer) or hub id")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--data", required=True, help="prepared data folder of this data set (train.jsonl)")
+    p.add_argument("--experts-dir", required=True, help="folder of the experts' e<k>.jsonl")
+    p.add_argument("--checks", required=True, help="JSON list of {experts, max_new_tokens, max_truncated_share}")
+    p.add_argument("--sft", default=None, help="the SFT runs' folder of this model and data set: one finished there "
+                   "makes a cap that does not fit a warning (RL refuses it), not a failure")  # fmt: skip
+    p.add_argument("--out", required=True, help="JSON of the shares over the cap")
+    p.set_defaults(func=cmd_check_lengths)
+
+    p = sub.add_parser(
+        "carry", help="the teacher stage's results to a GPU node (rsync), to run from the project folder"
+    )
+    p.add_argument("--configfile", nargs="+", required=True, help="the run's config files, as Snakemake takes them")
+    p.add_argument("--to", required=True, help="host:folder, the project's folder on the GPU node")
+    p.add_argument("--print", action="store_true", help="print the rsync command, run nothing")
+    p.set_defaults(func=cmd_carry)
 
     args = parser.parse_args(argv)
     try:

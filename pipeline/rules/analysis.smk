@@ -18,7 +18,7 @@ rule complementarity:
         env=job_env,
         data=test_data(FIRST_SEED),
         out=str(LAYOUT.complementarity("{model}", "{ds}")).removesuffix(".json"),
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:

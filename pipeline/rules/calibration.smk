@@ -21,7 +21,7 @@ rule calibrate:
         env=job_env,
         model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
         data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data",  # its training questions are the seed's
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
 from meml.core.config import offline_env, run_settings, without_run_keys  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
-from meml.plan import checks, grid  # noqa: E402
+from meml.plan import checks, grid, teacher_stage  # noqa: E402
 from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
 
 # The config checked (its defaults filled in), a target naming what the config lacks refused, and a
@@ -43,6 +43,21 @@ CAPTIONS = Path(workflow.basedir) / "pipeline" / "report"
 SIMULATED_GPUS = int(os.environ.get("MEML_SIMULATE_GPUS") or 0)
 GPU = 1 if config["device"] == "cuda" or SIMULATED_GPUS else 0
 PROCESSES = config["launch"]["processes"]  # > 1: SFT and RL jobs run data-parallel (accelerate)
+# The node's GPUs as the command grants them (`--resources gpu=N`), for the CPU threads of GPU jobs.
+_granted = workflow.global_resources.get("gpu")
+NODE_GPUS = int(getattr(_granted, "value", _granted) or 0)
+
+
+def gpu_threads(gpus):
+    """CPU threads of a job that holds `gpus` GPUs: `threads`, but never more than those GPUs' share of
+    the cores, so that every GPU can hold a job at once (`--cores 16 --resources gpu=8`: eight one-GPU
+    jobs of 2 threads each, where `threads: 8` would let two run). `threads` without a GPU count: a CPU
+    run, or SLURM, where each job is given the cores it asks for on a node of its own."""
+    cores = workflow.resource_settings.cores
+    if not gpus or not NODE_GPUS or not cores:
+        return config["threads"]
+    return max(1, min(config["threads"], cores * gpus // NODE_GPUS))
+
 
 # The CLI of the Python that runs Snakemake (the project venv), so jobs see the same packages.
 # `meml.run` hands the job to the warm worker (pipeline/meml/worker.py: torch, transformers,

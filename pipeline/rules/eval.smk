@@ -19,7 +19,7 @@ rule evaluate:
         headline=config["report"]["headline_expert"],
         # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
         log_to_run=lambda w: f"--log-to-run {rl_run_dir(w)}" if config["mlflow"]["enabled"] else "",
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:
@@ -52,7 +52,7 @@ rule evaluate_base:
         model=base_model_path,
         env=job_env,
         data=test_data(FIRST_SEED),
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:
@@ -78,7 +78,7 @@ rule evaluate_sft:
         model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
         env=job_env,
         data=lambda w: test_data(grid.run_seed(w.variant)),
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:
@@ -103,7 +103,7 @@ rule evaluate_trl:
         model=lambda w: shlex.quote(str(LAYOUT.trl(grid.Cell(w.model, w.ds, w.method, w.seed)) / "model")),
         env=job_env,
         data=lambda w: test_data(w.seed),
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:

@@ -23,7 +23,7 @@ rule rl:
         ),
         env=job_env,
         launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
-    threads: config["threads"]
+    threads: gpu_threads(GPU * PROCESSES)
     resources:
         gpu=GPU * PROCESSES,
     log:
@@ -48,7 +48,7 @@ rule trl_grpo:
             "experts", "trl", only={"methods": [w.method], "trl": ["vllm"], **SEEDS_VARY}, dataset=w.ds,
         ),
         env=job_env,
-    threads: config["threads"]
+    threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:

@@ -10,6 +10,7 @@ rule sft:
         # the seed's own world where seeds redraw the data (grid.seeds_vary: data)
         data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data/{w.ds}/train.jsonl",
         experts=lambda w: expand(f"{seed_world(grid.run_seed(w.variant))}/experts/{w.ds}/e{{k}}.jsonl", k=ALL_EXPERTS),
+        lengths=length_check,  # the trajectories fit RL's cap (real world; rules/experts.smk)
     output:
         str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "DONE"),
     params:
@@ -21,7 +22,7 @@ rule sft:
         seed=variant_seed,
         env=job_env,
         launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
-    threads: config["threads"]
+    threads: gpu_threads(GPU * PROCESSES)
     resources:
         gpu=GPU * PROCESSES,
     log:

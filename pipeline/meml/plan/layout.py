@@ -4,6 +4,7 @@ rules take their inputs' and outputs' paths from here too, with wildcards for na
     results/<profile>/
         <world>/data/<ds>/{train,test}.jsonl      prepared records (world: toy or real)
         <world>/experts/<ds>/e<k>.jsonl           expert trajectories
+        real/lengths/<model>/<ds>.json            their lengths against RL's cap, checked before SFT
         toy/seed<k>/{data,experts,raw}/           seed k's own training data (grid.seeds_vary: data)
         models/<name>/                            tiny models (toy world and real-smoke), models from GGUF files
         models/seed<k>/<name>/                    seed k's own pretrained tiny model (grid.seeds_vary: pretrain)
@@ -54,6 +55,11 @@ class Layout:
 
     def experts(self, world: str, dataset: str, sub: str = "") -> Path:
         return self.world(world, sub) / "experts" / dataset
+
+    def lengths(self, model: str, dataset: str) -> Path:
+        """The check of the real world's trajectories against RL's cap, in the model's tokenizer
+        (rule trajectory_lengths, between the teachers and SFT)."""
+        return self.world("real") / "lengths" / model / f"{dataset}.json"
 
     @property
     def models(self) -> Path:

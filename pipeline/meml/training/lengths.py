@@ -5,7 +5,9 @@ rl.max_new_tokens, that expert's rollouts are cut before their answer line, scor
 expert looks hopeless to GRPO, IML and HSFT for a reason that is only a setting: the paper config
 once had teachers writing up to 8192 tokens, SFT keeping 4096 and RL stopping at 1024, which cuts
 the R1-style headline expert most. So RL refuses to start while more than rl.max_truncated_share
-of an RL expert's trajectories do not fit, and names the keys that set the caps.
+of an RL expert's trajectories do not fit, and names the keys that set the caps. In the real world
+the same check runs as a job of its own right after the teachers, before SFT (check_before_sft), so
+that a cap that does not fit is found before SFT is paid for; RL still checks when it starts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.io import DataError
-from meml.core.records import Record
+from meml.core.records import Record, read_records
 from meml.core.stops import stop_tokens, target_ids
 from meml.data.experts import read_trajectories
 
@@ -48,3 +50,31 @@ def check_fits(shares: dict[str, float], max_new_tokens: int, max_share: float, 
                 None,
                 "rl.max_new_tokens",
             )
+
+
+def check_before_sft(
+    model: str | Path, data: str | Path, experts_dir: str | Path, checks: list[dict[str, Any]], sft_done: bool = False
+) -> dict[str, Any]:
+    """RL's check, run right after the teachers and before SFT (the rule trajectory_lengths), on the
+    base model's tokenizer, which SFT hands on to RL unchanged. `checks`: the RL cells' caps of this
+    model and data set, each {experts, max_new_tokens, max_truncated_share} (plan/teacher_stage.py,
+    checks_before_sft). Raises check_fits's error for the first that fails, unless `sft_done` (an SFT
+    run of this model and data set has finished, on an earlier cap): SFT is paid for then, and RL
+    refuses its cells with the same message when they start, so the result records the error
+    (`error`) and the job succeeds: its output stays, and a cap set right again reruns no SFT."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    by_id = {r.id: r for r in read_records(Path(data) / "train.jsonl")}
+    out: dict[str, Any] = {"tokenizer": str(model), "checks": []}
+    for check in checks:
+        cap = int(check["max_new_tokens"])
+        shares = over_cap_shares(tokenizer, experts_dir, list(check["experts"]), by_id, cap)
+        out["checks"].append({**check, "over_cap": shares})
+        try:
+            check_fits(shares, cap, float(check["max_truncated_share"]), experts_dir)
+        except DataError as err:
+            if not sft_done:
+                raise
+            out.setdefault("error", str(err))
+    return out
