@@ -85,7 +85,7 @@ from meml.training.losses import (
 )
 from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from meml.training.rollout_vllm import VLLMSettings
-from meml.training.scoring import completion_logprobs, micro_batches
+from meml.training.scoring import completion_logprobs, micro_batches, scores_whole_rows
 
 __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
@@ -572,7 +572,8 @@ def update_step(
     device = next(policy.parameters()).device
     n, m = len(seqs.prompts), len(iml.pairs)
     t_max = max(len(c) for c in seqs.completions)
-    batches = micro_batches(seqs.prompts, seqs.completions, s.micro_batch_tokens)
+    whole = scores_whole_rows(policy)  # how the passes pad, which the micro-batches' budget counts
+    batches = micro_batches(seqs.prompts, seqs.completions, s.micro_batch_tokens, whole)
     advantages = seqs.advantages.to(device)
     strong_rows = _rows_of(seqs.positions, [(p.question, p.best, p.rollout) for p in iml.pairs])  # O+'s policy row
     before = weights_before(policy)
@@ -627,7 +628,7 @@ def update_step(
         if update > 0:
             later_clipped, later_tokens = later_clipped + clipped, later_tokens + tokens
         # IML's rows: O+ under the worst expert's prompt, at T like O+'s strong side
-        for rows in micro_batches(iml.weak, iml.tokens, s.micro_batch_tokens) if m else []:
+        for rows in micro_batches(iml.weak, iml.tokens, s.micro_batch_tokens, whole) if m else []:
             with precision.autocast():
                 logp, mask, _ = score(rows, iml.weak, iml.tokens)
                 # the strong side, log p(O+ | Q, P_best), is O+'s own policy row at these weights
@@ -645,7 +646,7 @@ def update_step(
             (s.lambda_iml * term).backward()
             l_iml += term.item()
         # HSFT's rows (first update only): gold solutions, at temperature 1
-        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens) if with_sft else []:
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens, whole) if with_sft else []:
             with precision.autocast():
                 logp, mask, _ = score(rows, hsft.prompts, hsft.targets, temperature=SUPERVISED_TEMPERATURE)
                 term = sft_loss(logp, mask, examples_total=len(hsft.prompts))
@@ -720,7 +721,7 @@ def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: D
     learner.sft_optimizer.zero_grad(set_to_none=True)
     total = 0.0
     if hsft.prompts:
-        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens):
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens, scores_whole_rows(policy)):
             with learner.precision.autocast():
                 sft_logp, sft_mask, _ = completion_logprobs(
                     policy,
