@@ -99,9 +99,9 @@ def _gpus(cfg: dict[str, Any]) -> list[str]:
 
 
 def update_memory(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """A cuda config's RL update memory per model: (lines, refusals). Measured on the meta device
-    (training/memory.py): torch's import and a few seconds, once per invocation of the workflow's
-    main process."""
+    """A cuda config's RL update (its worst micro-batch) and SFT memory per model: (lines,
+    refusals). Measured on the meta device (training/memory.py): torch's import and a few seconds,
+    once per invocation of the workflow's main process."""
     if cfg["device"] != "cuda":
         return [], []
     from meml.training.memory import config_lines
