@@ -91,7 +91,7 @@ def sampling_job_engine(
 
     from meml.core.attention import attention_kwargs
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **attention_kwargs(precision.device))
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **attention_kwargs(precision.device))
     model.to(torch.device(precision.device))  # the GPU, on a GPU grid
     return sampling_engine(model, tokenizer, batch_size, precision)
 
