@@ -3,6 +3,10 @@
     python scripts/gpu_check.py                 # GPU: Qwen2.5-Math-1.5B's architecture, random weights, bf16
     python scripts/gpu_check.py --cpu           # CPU: the tiny qwen2 model, fp32, short lengths
 
+Without --cpu it refuses, exit 2, when the GPU cannot be used (core/cuda_check.py: torch's CUDA
+build, the driver against it, torch.cuda.is_available()), saying why: a GPU check that quietly ran
+the CPU's would pass on a machine whose GPU jobs will fail. --cpu is the only way to the CPU check.
+
 (a) rollout tokens per second of the HF engine, and the time and peak memory of two MEML-GRPO
     steps and one GRPO step (MoE-SFT-GRPO) at G = 8 with the paper config's lengths, micro-batches
     and rollout engine (vLLM), beside the RL update's memory that training/memory.py measures for
@@ -185,7 +189,16 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    cpu = args.cpu or not torch.cuda.is_available()
+    if not args.cpu:
+        from meml.core.cuda_check import check
+
+        found = check()
+        if found:
+            for problem in found:
+                print(f"gpu_check: no usable GPU: {problem}", file=sys.stderr)
+            print("gpu_check: refused; `--cpu` runs the CPU check (the tiny model) instead", file=sys.stderr)
+            return 2
+    cpu = args.cpu
     questions = args.questions or (2 if cpu else int(load_config(PAPER)["rl"]["questions_per_step"]))
     cfg = settings_for(cpu, questions)
     arch_name = "tiny qwen2" if cpu else "Qwen/Qwen2.5-Math-1.5B"
@@ -202,8 +215,6 @@ def main() -> int:
         "questions_per_step": questions,
         "max_new_tokens": cfg["rl"]["max_new_tokens"],
     }
-    if cpu and not args.cpu:
-        report["note"] = "no GPU found: ran the CPU check"
     report["update_memory_estimate"] = update_memory_estimates()
     with tempfile.TemporaryDirectory() as tmp:
         world, model_dir = build_probe(Path(tmp) / "probe", arch)

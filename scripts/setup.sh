@@ -8,6 +8,11 @@
 # MEML_SETUP_ROUTE=gpu|cpu picks the route; by default gpu when `nvidia-smi -L` lists a GPU, else cpu.
 # MEML_SETUP_DRY_RUN=1 prints each pip command and runs it with --dry-run: the plan, nothing installed.
 # MEML_SETUP_DRY_RUN=plan prints the commands alone (seconds: pip resolves nothing).
+# The gpu route ends by checking that torch is a CUDA build, that the NVIDIA driver is new enough for the
+# CUDA it was built with (the lock's CUDA 13 wheels need a driver >= 580: NVIDIA's minor version
+# compatibility table, pipeline/meml/core/cuda_check.py) and that torch.cuda.is_available(); it fails,
+# saying which, when one is not. Where the route is forced on a machine without a GPU (a cluster's login
+# node), the check is left to each GPU job on its node (pipeline/meml/core/gpus.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -68,7 +73,18 @@ else
   fi
 fi
 if [ "$DRY_RUN" != 0 ]; then
+  [ "$route" != gpu ] || echo "setup: would run: python -m meml.core.cuda_check (torch's CUDA build, the driver, a usable GPU)"
   echo "setup: dry run, route $route: nothing installed"
   exit 0
+fi
+if [ "$route" = gpu ]; then
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    .venv/bin/python -m meml.core.cuda_check || {
+      echo "setup: the gpu route installed, but the GPUs cannot be used as they stand (above); fix that before any GPU job" >&2
+      exit 1
+    }
+  else
+    echo "setup: no GPU here (route forced): CUDA is checked by each GPU job on its node (pipeline/meml/core/gpus.py)"
+  fi
 fi
 echo "setup done: $(.venv/bin/python -c 'import torch, transformers, trl; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__)')$(.venv/bin/python -c 'import importlib.util as u; from importlib.metadata import version; print(", vllm", version("vllm")) if u.find_spec("vllm") else print("")')"

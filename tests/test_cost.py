@@ -121,8 +121,9 @@ def test_preflight_names_what_a_real_run_lacks(tmp_path: Path, monkeypatch: pyte
 def test_teachers_and_complementarity_are_priced_where_they_run() -> None:
     """The paper's two paid teachers: 38,912 training questions each (GSM8K, StrategyQA and MathQA's
     train splits), 1 / 0.7 tries, 0.6 x 2,048 tokens, at 30 tokens/s a request and 8 in flight.
-    Complementarity samples with transformers' generate, so it costs the hf rate under either rl.engine."""
-    from meml.plan.cost import Assumptions, assumed_h100, estimate, teacher_lines, throughputs
+    Complementarity samples on the GPU through rl.engine's engine there (vLLM under vllm, transformers'
+    generate otherwise), and is priced at that engine's rate."""
+    from meml.plan.cost import Assumptions, assumed_h100, estimate, stage_engines, teacher_lines, throughputs
 
     cfg = load_config(PROJECT / "config/paper.yaml")
     lines = teacher_lines(cfg)
@@ -135,7 +136,24 @@ def test_teachers_and_complementarity_are_priced_where_they_run() -> None:
         rows = [r for r in estimate(changed, throughputs(changed), a) if r["stage"] == "complementarity"]
         qwen = next(r for r in rows if r["model"] == "qwen2" and r["dataset"] == "gsm8k")
         tokens = 1319 * 3 * 8 * a.fill * 2048
-        assert qwen["hours"] == pytest.approx(tokens / assumed_h100("Qwen/Qwen2.5-Math-1.5B", "hf").generate / 3600)
+        rate = assumed_h100("Qwen/Qwen2.5-Math-1.5B", engine).generate
+        assert qwen["hours"] == pytest.approx(tokens / rate / 3600)
+    # rl.engine kv on a GPU: the sampling jobs use transformers' generate there, priced as hf
+    kv = {**cfg, "rl": {**cfg["rl"], "engine": "kv"}}
+    assert stage_engines(kv) == {"rl": "kv", "evaluation": "vllm", "calibration": "hf", "complementarity": "hf"}
+
+
+def test_evaluation_is_priced_at_its_own_backend() -> None:
+    """Evaluation runs on eval.backend, whatever rl.engine is: vLLM's rate for the paper config's
+    evaluation even with rl.engine hf, generate's rate with eval.backend hf under rl.engine vllm."""
+    from meml.plan.cost import assumed_h100, sampling_rate, throughputs
+
+    paper = load_config(PROJECT / "config/paper.yaml")
+    for rl_engine, backend in (("hf", "vllm"), ("vllm", "hf")):
+        cfg = {**paper, "rl": {**paper["rl"], "engine": rl_engine}, "eval": {**paper["eval"], "backend": backend}}
+        t = throughputs(cfg)["qwen2"]
+        want = assumed_h100("Qwen/Qwen2.5-Math-1.5B", backend).generate
+        assert sampling_rate(cfg, "qwen2", t, backend) == want != t.generate
 
 
 def test_slurm_runtimes_by_hand_and_in_the_profile() -> None:

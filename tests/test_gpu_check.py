@@ -36,7 +36,7 @@ def test_gpu_check_cpu_part(tmp_path: Path) -> None:
     assert vllm["logprob_gap_after_sync"] <= 1e-3 < vllm["logprob_gap_stale"]
     assert "| vLLM skipped_sync_caught | True |" in done.stdout and "| MEML-GRPO, 2 step(s) (G=8, Q=2) |" in done.stdout
     estimates = report["update_memory_estimate"]
-    assert set(estimates) == {"qwen2", "llama"} and all(e["fits"] and e["rows"] == 3 for e in estimates.values())
+    assert set(estimates) == {"qwen2", "llama"} and all(e["fits"] and e["rows"] == 4 for e in estimates.values())
     assert "| estimate at the paper's shapes | qwen2: RL update" in done.stdout
 
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from meml.data.experts import DEFAULT_PROMPTS
 from meml.data.tiny_models import build_tiny_models, toy_corpus
 from meml.training.losses import iml_loss
-from meml.training.scoring import completion_logprobs
+from meml.training.scoring import completion_logprobs, padded_tokens, scores_whole_rows
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +160,30 @@ def test_a_policy_under_gradient_checkpointing_is_scored_whole(models: dict[str,
         assert mask[row].sum() == len(c) and not logp[row, len(c) :].any()
     logp.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_padded_tokens_are_the_positions_the_passes_run(models: dict[str, Path], whole: bool) -> None:
+    """scoring.padded_tokens, which the micro-batches' budget counts (rl.micro_batch_tokens), is the
+    number of positions the decoder runs, padding included, in either layout: the shared prompt pass
+    and its completion passes, or each row whole under gradient checkpointing. A capped rollout among
+    short ones of its prompt pads its pass to its own length."""
+    model = AutoModelForCausalLM.from_pretrained(models["llama"]).train()
+    if whole:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert scores_whole_rows(model) == whole
+    prompts, completions = _rows(5)
+    prompts, completions = prompts + [prompts[0]] * 8, completions + [[5] * 40] + [[6] * 3] * 7
+    ran: list[int] = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: ran.append(kw["input_ids"].numel()), with_kwargs=True
+    )
+    for rows_per_pass in (1, 3, 8):
+        ran.clear()
+        completion_logprobs(model, prompts, completions, pad=0, rows_per_pass=rows_per_pass)
+        assert sum(ran) == padded_tokens(prompts, completions, whole, rows_per_pass)
+    # the capped row with its seven short siblings, in one pass: eight rows at its length, not the sum of theirs
+    group_p, group_c = [prompts[0]] * 8, [[5] * 40] + [[6] * 3] * 7
+    own = sum(len(p) + len(c) for p, c in zip(group_p, group_c, strict=True))
+    assert padded_tokens(group_p, group_c, True) == 8 * (len(prompts[0]) + 40) > 2 * own

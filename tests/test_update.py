@@ -21,7 +21,7 @@ from meml.training.kv_decode import KVEngine
 from meml.training.losses import IMLPair, PolicyBatch, iml_loss, policy_loss, sft_loss
 from meml.training.rl import HSFTBatch, IMLBatch, Learner, RLSettings, Sequences, update_step
 from meml.training.rollout import HFEngine, Sampling
-from meml.training.scoring import completion_logprobs, micro_batches
+from meml.training.scoring import completion_logprobs, micro_batches, padded_tokens
 from tests.test_rl import CONFIG
 
 
@@ -106,13 +106,17 @@ def test_micro_batched_gradient_equals_the_one_shot_gradient(models: dict[str, P
 def test_micro_batches_keep_prompts_together_and_respect_the_budget() -> None:
     prompts = [[1] * 4, [2] * 4, [1] * 4, [3] * 4, [2] * 4, [1] * 4]
     completions = [[9] * 2, [9] * 30, [9] * 3, [9] * 2, [9] * 1, [9] * 5]
-    batches = micro_batches(prompts, completions, 30)
-    assert sorted(r for b in batches for r in b) == list(range(6))  # every row once
-    for b in batches:
-        assert sum(len(prompts[r]) + len(completions[r]) for r in b) <= 30 or len(b) == 1
-    # the prompt-[1] rows (22 tokens) share one micro-batch, with the short prompt-[3] row (6); the
-    # 34-token row is alone, its prompt's short sibling split off into a micro-batch of its own
-    assert batches == [[3, 0, 2, 5], [1], [4]]
+    for whole in (False, True):
+        batches = micro_batches(prompts, completions, 30, whole)
+        assert sorted(r for b in batches for r in b) == list(range(6))  # every row once
+        for b in batches:  # in padded tokens, as the passes pad them
+            assert padded_tokens([prompts[r] for r in b], [completions[r] for r in b], whole) <= 30 or len(b) == 1
+    # the prompt-[1] rows share one micro-batch with the short prompt-[3] row (prompts 2 x 4 tokens,
+    # one pass of 4 completions padded to 4 = 24); the 34-token row is alone, its prompt's short
+    # sibling split off into a micro-batch of its own before it
+    assert micro_batches(prompts, completions, 30) == [[3, 0, 2, 5], [4], [1]]
+    # scored whole, the prompt-[3] row no longer fits beside them (4 rows padded to 9 = 36)
+    assert micro_batches(prompts, completions, 30, whole=True) == [[3], [0, 2, 5], [4], [1]]
 
 
 def _saved_bytes_peak(fn: Any, model: Any) -> int:

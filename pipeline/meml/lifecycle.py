@@ -1,7 +1,9 @@
 """A workflow run's start and end, as the Snakefile's onstart, onsuccess and onerror call them.
 
     start(workflow, config)    the progress file; the warm worker (worker.py) on a local run, or the
-                               SLURM plugin's patch on a cluster (cluster.py); GPU records
+                               SLURM plugin's patch on a cluster (cluster.py); GPU records; on a local
+                               run of a cuda config with GPU jobs to run, the CUDA check
+                               (core/cuda_check.py) before any job
     finish(workflow, config)   the worker stopped; report/<profile>/run.json; the closing message
     failed(workflow, config)   the worker stopped; run.json (a failed part still cost what it cost);
                                the calibration gate's messages
@@ -47,6 +49,7 @@ def start(workflow: Any, config: dict[str, Any], gpus: int) -> None:
 
         patch_slurm_plugin()
         return
+    check_cuda(workflow, config)
     logs = Path("logs", config["profile"])
     if gpus:  # each job that takes GPUs records which it got (core/gpus.py)
         logs.mkdir(parents=True, exist_ok=True)
@@ -57,6 +60,20 @@ def start(workflow: Any, config: dict[str, Any], gpus: int) -> None:
     _WORKER["socket"] = socket
     if _WORKER["process"] is not None:
         os.environ["MEML_WORKER"] = str(socket)  # inherited by every local job
+
+
+def check_cuda(workflow: Any, config: dict[str, Any]) -> None:
+    """Before the first GPU job of a local run on real GPUs: can torch use them (core/cuda_check.py)?
+    Raising here stops the run before any job. (On a cluster each GPU job checks its own node.)"""
+    if config["device"] != "cuda" or os.environ.get("MEML_SIMULATE_GPUS"):
+        return
+    if not any(job.resources.get("gpu", 0) for job in workflow.dag.needrun_jobs()):
+        return
+    from meml.core.cuda_check import check
+
+    found = check()
+    if found:
+        raise ValueError("device: cuda, but the GPUs cannot be used; fix first:\n  " + "\n  ".join(found))
 
 
 def _stop_worker() -> None:

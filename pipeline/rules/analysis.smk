@@ -12,7 +12,9 @@ rule complementarity:
     output:
         [str(LAYOUT.complementarity("{model}", "{ds}", ext)) for ext in ("json", "png", "pdf")],
     params:
-        cfg=lambda w: cli_config("profile", "world", "seed", "rl", "rl_by_dataset", "analysis", "experts", "reward", dataset=w.ds),
+        # the device and precision: it samples where its GPU is, through the engine rl.engine names there
+        cfg=lambda w: cli_config("profile", "world", "seed", "device", "precision", "rl", "rl_by_dataset", "analysis",
+                                 "experts", "reward", dataset=w.ds),
         model=",".join(str(LAYOUT.sft("{model}", "{ds}", v) / "model") for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
         env=job_env,

@@ -18,6 +18,9 @@ when this process ends, however it ends.
                         DONE's `environment`)
     under SLURM         a job that SLURM placed (SLURM_JOB_ID with CUDA_VISIBLE_DEVICES set) has
                         its own GPUs already: nothing is locked
+    the CUDA check      on real GPUs, before the command: `python -m meml.core.cuda_check` on the
+                        job's GPUs (torch's CUDA build, the driver, a usable GPU); the job fails
+                        there, saying which, rather than running on the CPU or dying later
     N = 0               the command runs as it is
 """
 
@@ -111,6 +114,11 @@ def main(argv: list[str]) -> int:
     else:
         devices, _held = take(n, node_gpus(), lock_dir())  # held until this process ends
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices), "MEML_DEVICES": ",".join(devices)}
+    if not os.environ.get("MEML_SIMULATE_GPUS"):  # real GPUs: usable by this torch? (core/cuda_check.py)
+        checked = subprocess.run([sys.executable, "-m", "meml.core.cuda_check"], env=env)
+        if checked.returncode != 0:
+            print(f"meml.gpus: not starting {' '.join(command)}: the CUDA check failed (above)", file=sys.stderr)
+            return checked.returncode
     start = time.time()
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

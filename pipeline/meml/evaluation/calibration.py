@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from meml.core.answers import is_correct
-from meml.core.attention import attention_kwargs
 from meml.core.io import DataError, atomic_write_json
 from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
 from meml.data.experts import chat_messages
-from meml.training.engines import sampling_engine
+from meml.training.engines import close_engine, sampling_job_engine
 from meml.training.rollout import Sampling, prompt_ids
+from meml.training.rollout_vllm import VLLMSettings
 
 # the settings that move each measurement, named in the gate's message
 MOVED_BY = {
@@ -118,16 +118,18 @@ def measure(
     mode: str,
     seed: int,
     precision: Precision | None = None,
+    engine_name: str = "kv",
+    vllm: VLLMSettings | None = None,
 ) -> dict[str, Any]:
+    """`engine_name`: rl.engine. The model is sampled on precision.device through the engine that
+    names there (engines.sampling_job_engine: vLLM on a GPU under rl.engine vllm, the kv engine on a CPU)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
     precision = precision or resolve("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, **attention_kwargs(precision.device))
-    model.to(torch.device(precision.device))  # the GPU, on a GPU grid
-    engine = sampling_engine(model, tokenizer, precision=precision)
+    engine = sampling_job_engine(model_dir, tokenizer, precision, engine_name, vllm, seed)
     train = read_records(Path(data_root) / dataset / "train.jsonl")[:train_questions]
     test = read_records(Path(data_root) / dataset / "test.jsonl")
     out: dict[str, Any] = {
@@ -157,6 +159,7 @@ def measure(
         drawn = sample_correct(engine, tokenizer, shown, [headline], heldout_samples, sampling, prompts, mode)
         out["heldout"] = {"expert": headline, "questions": len(shown), **pass_at(drawn[headline])}
     out["answer_balance"] = answer_balance([r.answer for r in test]) if dataset != "gsm8k" else None
+    close_engine(engine)
     return out
 
 

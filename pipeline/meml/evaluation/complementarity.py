@@ -15,6 +15,8 @@ Also pass@k per expert and for the pooled experts (a question solved in any of t
 Sampling goes in chunks of `batch_size` questions, each seeded by (seed, expert, chunk) and saved to
 `<out>.work/` as it ends: a killed or preempted analysis resumes at the first chunk not saved, and
 ends with the numbers of an uninterrupted one. Chunks made under other settings are never reused.
+The samples are drawn on the job's device through the engine rl.engine names there
+(engines.sampling_job_engine): vLLM on a GPU, the kv engine on a CPU.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from typing import Any
 import torch
 
 from meml.core.answers import is_correct
-from meml.core.attention import attention_kwargs
 from meml.core.environment import weights_sha256
 from meml.core.io import DataError, atomic_write_json, read_json
+from meml.core.precision import Precision, resolve
 from meml.core.records import read_records
 from meml.data.experts import DEFAULT_PROMPTS, chat_messages
-from meml.training.engines import sampling_engine
+from meml.training.engines import close_engine, sampling_job_engine, sampling_job_engine_name
 from meml.training.rollout import Sampling, prompt_ids
+from meml.training.rollout_vllm import VLLMSettings
 
 
 def sample_correctness(
@@ -52,12 +55,19 @@ def sample_correctness(
     batch_size: int = 64,
     mode: str = "lenient",
     work: str | Path | None = None,
+    precision: Precision | None = None,
+    engine_name: str = "kv",
+    vllm: VLLMSettings | None = None,
 ) -> torch.Tensor:
     """correct[q, e, j]: whether expert e's j-th sample on question q is right. Shape (Q, E, k).
     `model_dir`: the MEF model, sampled under each expert's prompt (the default reading), or one
     model per expert (the paper figure's reading: three separately fine-tuned models). `work`: the
-    folder where each chunk's answers are kept until the analysis ends (None: kept nowhere)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder where each chunk's answers are kept until the analysis ends (None: kept nowhere).
+    `precision`: the job's device and dtype (default the CPU in fp32); `engine_name`: rl.engine."""
+    from transformers import AutoTokenizer
+
+    precision = precision or resolve("cpu")
+    engine_used = sampling_job_engine_name(precision.device, engine_name)
 
     records = read_records(data_file)[: limit or None]
     for e in experts:
@@ -71,7 +81,7 @@ def sample_correctness(
     identity = {"models": [str(m) for m in models], "weights": [weights_sha256(m) for m in dict.fromkeys(models)],
                 "data": str(data_file), "questions": [r.id for r in records],
                 "k": k, "sampling": repr(sampling), "prompts": list(prompts), "seed": seed, "mode": mode,
-                "batch_size": batch_size}  # fmt: skip
+                "batch_size": batch_size, "engine": engine_used, "dtype": precision.dtype}  # fmt: skip
     saved = saved_chunks(Path(work), identity) if work is not None else {}
     from tqdm import tqdm
 
@@ -86,17 +96,11 @@ def sample_correctness(
                 progress.update()
                 continue
             if loaded is None or loaded[0] != models[i]:
+                if loaded is not None:  # the previous model's engine gives its memory back first
+                    close_engine(loaded[2])
                 tokenizer = AutoTokenizer.from_pretrained(models[i])
-                loaded = (
-                    models[i],
-                    tokenizer,
-                    # sampled where it loads: on the CPU
-                    sampling_engine(
-                        AutoModelForCausalLM.from_pretrained(models[i], **attention_kwargs("cpu")),
-                        tokenizer,
-                        batch_size,
-                    ),
-                )
+                engine = sampling_job_engine(models[i], tokenizer, precision, engine_name, vllm, seed, batch_size)
+                loaded = (models[i], tokenizer, engine)
             _, tokenizer, engine = loaded
             chunk = records[start : start + batch_size]
             torch.manual_seed(chunk_seed(seed, e, start // batch_size))  # a chunk's draws do not depend on the others
@@ -109,6 +113,8 @@ def sample_correctness(
                 save_chunk(Path(work), identity, e, start // batch_size, correct[start : start + batch_size, i])
             progress.update()
     progress.close()
+    if loaded is not None:
+        close_engine(loaded[2])
     return correct
 
 

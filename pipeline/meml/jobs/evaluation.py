@@ -97,6 +97,8 @@ def calibrate(
         mode=cfg["reward"]["mode"],
         seed=cfg["seed"],
         precision=of_config(cfg),
+        engine_name=cfg["rl"]["engine"],  # on the job's device (engines.sampling_job_engine)
+        vllm=VLLMSettings.from_config(cfg["rl"]["vllm"]),
     )
 
 
@@ -132,4 +134,7 @@ def complementarity(
         limit=limit or settings["questions"],
         seed=cfg["seed"],
         mode=cfg["reward"]["mode"],  # the mode every table scores in
+        precision=of_config(cfg),
+        engine_name=cfg["rl"]["engine"],  # on the job's device (engines.sampling_job_engine)
+        vllm=VLLMSettings.from_config(cfg["rl"]["vllm"]),
     )

@@ -8,9 +8,11 @@ Work, counted from the config (tokens are the unit):
                     for the reference forward (beta > 0) and a quarter for IML's extra passes
                     (at most one pair of passes a question: 2 / G of the rollouts at G = 8)
         dynamic sampling counts its largest number of rounds (an upper bound)
-    evaluation, per cell: test questions x evaluated experts x completion tokens (greedy)
+    evaluation, per cell: test questions x evaluated experts x completion tokens (greedy), at
+                    eval.backend's engine
     complementarity, per (model, data set): questions x 3 experts x samples x completion tokens,
-                    sampled by transformers' generate whatever rl.engine is (training/engines.py)
+                    at the engine the job samples with on its device (training/engines.py,
+                    sampling_job_engine: vLLM on a GPU under rl.engine vllm; calibration too)
     teachers (API time, not GPU-hours), per teacher: training questions x tries (1 / acceptance)
                     x fill x max_tokens, at a request's tokens per second, `concurrency` at once
 Time = generated / generation tokens per second + trained / training tokens per second, with the
@@ -140,10 +142,12 @@ def estimate(
 
 
 def cell_hours(cfg: dict[str, Any], cell: Any, t: Throughput, a: Assumptions) -> tuple[float, float]:
-    """(RL hours, evaluation hours) of one cell."""
+    """(RL hours, evaluation hours) of one cell: RL's sampling at rl.engine's rate, evaluation's at
+    eval.backend's."""
     generated, trained = rl_work(cfg, cell.method, a, cell.dataset)
     evaluated = eval_tokens(cfg, cell.dataset, cell.method, a)
-    return (generated / t.generate + trained / t.train) / 3600, evaluated / t.generate / 3600
+    evaluate = sampling_rate(cfg, cell.model, t, stage_engines(cfg)["evaluation"])
+    return (generated / t.generate + trained / t.train) / 3600, evaluated / evaluate / 3600
 
 
 # What a job spends besides its tokens: loading the model, starting vLLM, writing checkpoints.
@@ -181,9 +185,11 @@ def slurm_runtimes(
         t = throughput[model]
         for ds in cfg["grid"]["datasets"]:
             test = sizes(cfg, ds)[1] if cfg["eval"]["questions"] is None else cfg["eval"]["questions"]
-            longer("evaluate_base", test * experts * a.fill * eval_max_new_tokens(cfg, ds) / t.generate / 3600)
+            evaluate = sampling_rate(cfg, model, t, stage_engines(cfg)["evaluation"])
+            longer("evaluate_base", test * experts * a.fill * eval_max_new_tokens(cfg, ds) / evaluate / 3600)
             sampled = c["train_questions"] * c["samples"] * experts + (c["test_questions"] or sizes(cfg, ds)[1])
-            longer("calibrate", sampled * a.fill * cfg["rl"]["max_new_tokens"] / t.generate / 3600)
+            rate = sampling_rate(cfg, model, t, stage_engines(cfg)["calibration"])
+            longer("calibrate", sampled * a.fill * cfg["rl"]["max_new_tokens"] / rate / 3600)
     # the rules a config turns on beyond the paper's grid: an SFT model evaluated under every prompt
     # (eval.sft) as the base model is; a trl-trained cell evaluated as the cell is; trl's training of
     # a cell (trl.methods) at our loop's time, its GPU throughput being unmeasured (a retry starts it over)
@@ -196,13 +202,33 @@ def slurm_runtimes(
     }
 
 
-def complementarity_rate(cfg: dict[str, Any], model: str, t: Throughput) -> float:
-    """Complementarity samples with transformers' generate (training/engines.py), not rl.engine's
-    engine: its assumed rate is the hf engine's. A measured throughput was measured on rl.engine, so it
-    stands for generate only when that is hf (else the estimate is low, and says so in `meml cost`)."""
-    if cfg["rl"]["engine"] == "hf" or not t.source.startswith("assumed"):
+def stage_engines(cfg: dict[str, Any]) -> dict[str, str]:
+    """The engine each sampling stage uses, as the jobs choose it: RL's rollouts rl.engine's,
+    evaluation eval.backend's, calibration and complementarity the sampling jobs' engine on the
+    config's device (training/engines.sampling_job_engine_name: vLLM on a GPU under rl.engine vllm)."""
+    from meml.training.engines import sampling_job_engine_name
+
+    jobs = sampling_job_engine_name(str(cfg["device"]), str(cfg["rl"]["engine"]))
+    return {"rl": cfg["rl"]["engine"], "evaluation": cfg["eval"]["backend"], "calibration": jobs,
+            "complementarity": jobs}  # fmt: skip
+
+
+def sampling_rate(cfg: dict[str, Any], model: str, t: Throughput, engine: str) -> float:
+    """Tokens per second sampled by `engine`: the throughput's own rate where it is that engine's (the
+    assumed rates are rl.engine's, and `meml cost --measure` times rl.engine), else the assumed H100
+    rate of `engine` (vLLM's, or transformers' generate for kv and hf alike)."""
+    if _kind(engine) == _kind(str(cfg["rl"]["engine"])):
         return t.generate
-    return assumed_h100(str(cfg["models"][model]["source"]), "hf").generate
+    return assumed_h100(str(cfg["models"][model]["source"]), engine).generate
+
+
+def _kind(engine: str) -> str:
+    return "vllm" if engine == "vllm" else "generate"  # assumed_h100 prices kv, hf and hf-copy alike
+
+
+def complementarity_rate(cfg: dict[str, Any], model: str, t: Throughput) -> float:
+    """Complementarity's sampling rate: its engine on the config's device (stage_engines)."""
+    return sampling_rate(cfg, model, t, stage_engines(cfg)["complementarity"])
 
 
 def teacher_lines(cfg: dict[str, Any], a: Assumptions | None = None) -> list[str]:
@@ -276,7 +302,8 @@ def report(cfg: dict[str, Any], measured: Path) -> str:
     """`meml cost`: the table of GPU-hours per cell, from the throughputs measured here (kept in
     `measured` by `meml cost --measure`: training/probe.py's measure_throughput), or assumed."""
     speeds = throughputs(cfg, measured)
-    return table(estimate(cfg, speeds), speeds)
+    engines = ", ".join(f"{stage} {engine}" for stage, engine in stage_engines(cfg).items())
+    return f"{table(estimate(cfg, speeds), speeds)}\nSampling engines, as the jobs pick them: {engines}."
 
 
 def headline(cfg: dict[str, Any], measured: Path) -> str:
@@ -287,10 +314,11 @@ def headline(cfg: dict[str, Any], measured: Path) -> str:
         f"{stage} {sum(r['hours'] for r in rows if r['stage'] == stage):.1f}"
         for stage in ("sft", "rl+eval", "complementarity")
     )
+    engines = ", ".join(f"{stage} {engine}" for stage, engine in stage_engines(cfg).items())
     return (
         f"Estimated GPU-hours of this grid: {sum(r['hours'] for r in rows):.1f} ({stages}); throughput: "
-        f"{next(iter(speeds.values())).source}. Per cell: `python -m meml.cli cost --config <this config>`; "
-        "measured on this GPU: add --measure."
+        f"{next(iter(speeds.values())).source}; sampling engines: {engines}. Per cell: "
+        "`python -m meml.cli cost --config <this config>`; measured on this GPU: add --measure."
     )
 
 

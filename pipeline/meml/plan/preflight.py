@@ -91,17 +91,24 @@ def _gpus(cfg: dict[str, Any]) -> list[str]:
         return []
     import torch
 
+    from meml.core import cuda_check
+
     want = int(cfg["launch"]["processes"])
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    driver = cuda_check.driver_version()  # None: no GPU here (a login node), nothing more to check
+    unusable = [] if driver is None else cuda_check.problems(
+        torch.__version__, torch.version.cuda, driver, torch.cuda.is_available())  # fmt: skip
     if have >= want:
-        return [f"ok: device cuda: {have} GPU(s) here, {want} a job"]
-    return [f"MISSING: device cuda: {have} GPU(s) here, {want} a job (a cluster profile gives jobs their own)"]
+        count = f"ok: device cuda: {have} GPU(s) here, {want} a job"
+    else:
+        count = f"MISSING: device cuda: {have} GPU(s) here, {want} a job (a cluster profile gives jobs their own)"
+    return [count, *(f"MISSING: device cuda: {problem}" for problem in unusable)]
 
 
 def update_memory(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """A cuda config's RL update memory per model: (lines, refusals). Measured on the meta device
-    (training/memory.py): torch's import and a few seconds, once per invocation of the workflow's
-    main process."""
+    """A cuda config's RL update (its worst micro-batch) and SFT memory per model: (lines,
+    refusals). Measured on the meta device (training/memory.py): torch's import and a few seconds,
+    once per invocation of the workflow's main process."""
     if cfg["device"] != "cuda":
         return [], []
     from meml.training.memory import config_lines

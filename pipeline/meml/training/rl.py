@@ -85,7 +85,7 @@ from meml.training.losses import (
 )
 from meml.training.rollout import RolloutEngine, Sampling, check_synced, prompt_ids, weights_fingerprint
 from meml.training.rollout_vllm import VLLMSettings
-from meml.training.scoring import completion_logprobs, micro_batches
+from meml.training.scoring import completion_logprobs, micro_batches, scores_whole_rows
 
 __all__ = ["Method", "RLArgs", "RLPaths", "RLSettings", "run_rl", "sampling_of"]
 
@@ -573,6 +573,7 @@ def update_step(
     device = next(policy.parameters()).device
     n, m = len(seqs.prompts), len(iml.pairs)
     t_max = max(len(c) for c in seqs.completions)
+    whole = scores_whole_rows(policy)  # how the passes pad, which the micro-batches' budget counts
     advantages = seqs.advantages.to(device)
     strong_rows = _rows_of(seqs.positions, [(p.question, p.best, p.rollout) for p in iml.pairs])  # O+'s policy row
     # A row whose advantage is exactly 0 (its subgroup scored alike: most rows, under reward
@@ -582,7 +583,7 @@ def update_step(
     keep = set(strong_rows.values())
     active = [r for r in range(n) if s.beta > 0 or float(seqs.advantages[r]) != 0.0 or r in keep]
     idle = sorted(set(range(n)) - set(active))
-    batches, idle_batches = _micro_batches_of(seqs, active, s), _micro_batches_of(seqs, idle, s)
+    batches, idle_batches = _micro_batches_of(seqs, active, s, whole), _micro_batches_of(seqs, idle, s, whole)
     before = weights_before(policy)
 
     def score(rows: list[int], prompts: list[list[int]], targets: list[list[int]], entropy: bool = False,
@@ -642,7 +643,7 @@ def update_step(
         if update > 0:
             later_clipped, later_tokens = later_clipped + clipped, later_tokens + tokens
         # IML's rows: O+ under the worst expert's prompt, at T like O+'s strong side
-        for rows in micro_batches(iml.weak, iml.tokens, s.micro_batch_tokens) if m else []:
+        for rows in micro_batches(iml.weak, iml.tokens, s.micro_batch_tokens, whole) if m else []:
             with precision.autocast():
                 logp, mask, _ = score(rows, iml.weak, iml.tokens)
                 # the strong side, log p(O+ | Q, P_best), is O+'s own policy row at these weights
@@ -660,7 +661,7 @@ def update_step(
             (s.lambda_iml * term).backward()
             l_iml += term.item()
         # HSFT's rows (first update only): gold solutions, at temperature 1
-        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens) if with_sft else []:
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens, whole) if with_sft else []:
             with precision.autocast():
                 logp, mask, _ = score(rows, hsft.prompts, hsft.targets, temperature=SUPERVISED_TEMPERATURE)
                 term = sft_loss(logp, mask, examples_total=len(hsft.prompts))
@@ -708,9 +709,10 @@ def relative_change(policy: Any, before: list[Tensor]) -> float:
     return math.sqrt(moved / max(total, 1e-30))
 
 
-def _micro_batches_of(seqs: Sequences, rows: list[int], s: RLSettings) -> list[list[int]]:
+def _micro_batches_of(seqs: Sequences, rows: list[int], s: RLSettings, whole: bool) -> list[list[int]]:
     """scoring.micro_batches over a subset of the policy rows, in the rows' own numbering."""
-    cut = micro_batches([seqs.prompts[r] for r in rows], [seqs.completions[r] for r in rows], s.micro_batch_tokens)
+    prompts, completions = [seqs.prompts[r] for r in rows], [seqs.completions[r] for r in rows]
+    cut = micro_batches(prompts, completions, s.micro_batch_tokens, whole)
     return [[rows[i] for i in batch] for batch in cut] if rows else []
 
 
@@ -744,7 +746,7 @@ def _separate_sft_step(learner: Learner, s: RLSettings, hsft: HSFTBatch, dist: D
     learner.sft_optimizer.zero_grad(set_to_none=True)
     total = 0.0
     if hsft.prompts:
-        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens):
+        for rows in micro_batches(hsft.prompts, hsft.targets, s.micro_batch_tokens, scores_whole_rows(policy)):
             with learner.precision.autocast():
                 sft_logp, sft_mask, _ = completion_logprobs(
                     policy,

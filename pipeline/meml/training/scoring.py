@@ -63,7 +63,7 @@ def completion_logprobs(
     device = next(model.parameters()).device
     if temperature <= 0:
         raise ValueError(f"completion_logprobs: temperature must be positive, got {temperature}")
-    if model.training and getattr(model, "is_gradient_checkpointing", False):
+    if scores_whole_rows(model):
         return whole_rows(model, prompts, completions, pad, with_entropy, rows_per_pass, temperature)
 
     # 1. the distinct prompts, right-padded, once
@@ -144,6 +144,12 @@ def completion_logprobs(
     return logp, mask.to(device), entropy
 
 
+def scores_whole_rows(model: Any) -> bool:
+    """Whether completion_logprobs scores this model's rows whole (`whole_rows`): a policy in
+    training mode under gradient checkpointing, whose layers drop the prompt pass's cache."""
+    return bool(model.training and getattr(model, "is_gradient_checkpointing", False))
+
+
 def _entropy(log_probs: Tensor) -> Tensor:
     """The entropy of each distribution over the last axis. A logged metric that no loss uses, so
     it is computed without a graph: autograd neither records its (rows, tokens, V) products nor
@@ -206,16 +212,42 @@ def whole_rows(
     return torch.cat(logps)[back], mask.to(device), entropy
 
 
-def micro_batches(prompts: list[list[int]], completions: list[list[int]], token_budget: int) -> list[list[int]]:
-    """The rows of one update cut into micro-batches of at most `token_budget` tokens (each row
-    counted as prompt + completion, as the model sees it), in a fixed order. The update scores and
-    back-propagates one micro-batch at a time, so what autograd keeps is one micro-batch's, not the
-    batch's (rl.micro_batch_tokens).
+def padded_tokens(
+    prompts: list[list[int]], completions: list[list[int]], whole: bool, rows_per_pass: int = ROWS_PER_PASS
+) -> int:
+    """The positions the decoder runs when completion_logprobs scores these rows, padding included:
+    what one micro-batch's activations are made of. `whole`: the rows scored whole (scores_whole_rows:
+    under gradient checkpointing, the GPU default), each pass of `rows_per_pass` rows sorted by
+    prompt + completion and padded to its longest; else the distinct prompts once, padded to the
+    longest of them, then passes of rows sorted by completion, each padded to its longest completion
+    minus the token the prompt pass predicts. A group of eight rollouts with one at a 2,048-token cap
+    and seven short ones, scored whole, is 8 x (prompt + 2,048) positions, not the sum of its rows."""
+
+    def passes(lengths: list[int]) -> int:
+        ordered = sorted(lengths)
+        chunks = [ordered[i : i + rows_per_pass] for i in range(0, len(ordered), rows_per_pass)]
+        return sum(len(chunk) * chunk[-1] for chunk in chunks)  # each pass padded to its longest
+
+    if whole:
+        return passes([len(p) + len(c) for p, c in zip(prompts, completions, strict=True)])
+    distinct = {tuple(p) for p in prompts}
+    return len(distinct) * max(len(p) for p in distinct) + passes([len(c) - 1 for c in completions])
+
+
+def micro_batches(
+    prompts: list[list[int]], completions: list[list[int]], token_budget: int, whole: bool = False
+) -> list[list[int]]:
+    """The rows of one update cut into micro-batches of at most `token_budget` padded tokens (the
+    positions their scoring passes run, padding included: padded_tokens, with `whole` as the model
+    is scored: scores_whole_rows), in a fixed order. The update scores and back-propagates one
+    micro-batch at a time, so what autograd keeps is one micro-batch's, not the batch's
+    (rl.micro_batch_tokens). Counting each row's own tokens instead would let one capped rollout
+    among seven short ones through as a small micro-batch that the pass pads to 8 x the cap.
 
     Rows that share a prompt stay together (completion_logprobs then runs that prompt once); groups
     are taken in order of their longest completion, so rows of similar length share a micro-batch
-    and one long rollout does not widen the others' passes. A group over the budget is split, and a
-    single row over it is a micro-batch of its own."""
+    and one long rollout does not widen the others' passes. A group over the budget is split, its rows
+    in order of length, and a single row over it is a micro-batch of its own."""
     if token_budget < 1:
         raise ValueError(f"micro_batches: token_budget must be positive, got {token_budget}")
     by_prompt: dict[tuple[int, ...], list[int]] = {}
@@ -223,23 +255,21 @@ def micro_batches(prompts: list[list[int]], completions: list[list[int]], token_
         by_prompt.setdefault(tuple(p), []).append(row)
     groups = sorted(by_prompt.values(), key=lambda rows: (max(len(completions[r]) for r in rows), rows[0]))
 
-    def cost(row: int) -> int:
-        return len(prompts[row]) + len(completions[row])
+    def cost(rows: list[int]) -> int:
+        return padded_tokens([prompts[r] for r in rows], [completions[r] for r in rows], whole)
 
     batches: list[list[int]] = []
     current: list[int] = []
-    used = 0
     for rows in groups:
-        group_cost = sum(cost(r) for r in rows)
-        if current and used + group_cost > token_budget:
+        if current and cost(current + rows) > token_budget:
             batches.append(current)
-            current, used = [], 0
-        for row in rows:  # a group larger than the budget is split
-            if current and used + cost(row) > token_budget:
+            current = []
+        # a group over the budget is split, its short rows together
+        for row in sorted(rows, key=lambda r: len(completions[r])):
+            if current and cost([*current, row]) > token_budget:
                 batches.append(current)
-                current, used = [], 0
+                current = []
             current.append(row)
-            used += cost(row)
     if current:
         batches.append(current)
     return batches
