@@ -91,6 +91,7 @@ def test_paper_dry_run_prints_the_estimate(tmp_path: Path) -> None:
     # what the run needs, and the estimate with both engines, before the job list and again last
     assert "[rl.engine: vllm, this config]" in dry.stderr and "With rl.engine: hf instead: " in dry.stderr
     assert "MISSING: device cuda: 0 GPU(s) here" in dry.stderr and "Before this run (" in dry.stderr
+    assert "Not counted: the padding of the update's passes" in dry.stderr
     tail = dry.stderr.rstrip().splitlines()[-3:]
     assert tail[-1].startswith("With rl.engine: hf instead: ") and tail[-2].startswith("Estimated GPU-hours"), tail
 
@@ -141,6 +142,24 @@ def test_teachers_and_complementarity_are_priced_where_they_run() -> None:
     # rl.engine kv on a GPU: the sampling jobs use transformers' generate there, priced as hf
     kv = {**cfg, "rl": {**cfg["rl"], "engine": "kv"}}
     assert stage_engines(kv) == {"rl": "kv", "evaluation": "vllm", "calibration": "hf", "complementarity": "hf"}
+
+
+def test_the_estimate_names_what_it_leaves_out(tmp_path: Path) -> None:
+    """Beside its hours the estimate says what they count (tokens at 40% of the H100's peak when
+    assumed) and what they do not: padding, and the start-up of every GPU job, counted by hand from
+    the grid (an RL and an evaluation job a cell, one job an SFT variant and a complementarity pair)."""
+    from meml.plan.cost import JOB_OVERHEAD_MINUTES, terms
+    from meml.plan.grid import cells, complementarity_models, sft_variant
+
+    cfg = load_config(PROJECT / "config/paper.yaml")
+    grid = cells(cfg)
+    variants = {(c.model, c.dataset, sft_variant(cfg["methods"][c.method]["sft_experts"])) for c in grid}
+    pairs = len(complementarity_models(cfg)) * len(cfg["grid"]["datasets"])
+    jobs = 2 * len(grid) + len(variants) + pairs
+    line = terms(cfg, tmp_path / "none.json")
+    assert "40% of the H100's dense bf16 peak" in line and "Not counted: the padding" in line
+    hours = jobs * JOB_OVERHEAD_MINUTES / 60
+    assert f"up to {JOB_OVERHEAD_MINUTES} min x {jobs} GPU jobs = {hours:.0f} GPU-hours more" in line
 
 
 def test_evaluation_is_priced_at_its_own_backend() -> None:

@@ -303,7 +303,25 @@ def report(cfg: dict[str, Any], measured: Path) -> str:
     `measured` by `meml cost --measure`: training/probe.py's measure_throughput), or assumed."""
     speeds = throughputs(cfg, measured)
     engines = ", ".join(f"{stage} {engine}" for stage, engine in stage_engines(cfg).items())
-    return f"{table(estimate(cfg, speeds), speeds)}\nSampling engines, as the jobs pick them: {engines}."
+    engine_line = f"Sampling engines, as the jobs pick them: {engines}."
+    return "\n".join([table(estimate(cfg, speeds), speeds), engine_line, terms(cfg, measured)])
+
+
+def terms(cfg: dict[str, Any], measured: Path) -> str:
+    """What the estimate counts and what it leaves out, said beside its figure: a renter reads the
+    hours as a floor, and knows by how much the start-ups alone could raise it."""
+    speeds = throughputs(cfg, measured)
+    rows = estimate(cfg, speeds)
+    # every cell is an RL job and an evaluation job; SFT and complementarity rows are a job each
+    jobs = sum(2 if r["stage"] == "rl+eval" else 1 for r in rows)
+    assumed = any(t.source.startswith("assumed") for t in speeds.values())
+    rate = "training at 40% of the H100's dense bf16 peak, assumed sampling rates" if assumed else "measured rates"
+    return (
+        f"The estimate counts tokens only ({rate}; a completion {Assumptions().fill:.0%} of max_new_tokens). "
+        "Not counted: the padding of the update's passes (each micro-batch runs every row at its longest "
+        f"row's length), and each job's start-up (loading the model, starting vLLM, checkpoints): up to "
+        f"{JOB_OVERHEAD_MINUTES} min x {jobs} GPU jobs = {jobs * JOB_OVERHEAD_MINUTES / 60:.0f} GPU-hours more."
+    )
 
 
 def headline(cfg: dict[str, Any], measured: Path) -> str:
@@ -331,4 +349,4 @@ def headlines_both_engines(cfg: dict[str, Any], measured: Path) -> list[str]:
     alternative = {**cfg, "rl": {**cfg["rl"], "engine": other}}
     hours = sum(r["hours"] for r in estimate(alternative, throughputs(alternative, measured)))
     lines.append(f"With rl.engine: {other} instead: {hours:.1f} GPU-hours.")
-    return [*teacher_lines(cfg), *lines]
+    return [*teacher_lines(cfg), terms(cfg, measured), *lines]
