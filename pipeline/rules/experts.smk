@@ -38,7 +38,7 @@ rule teacher_trajectories:
     log:
         f"{LOGS}/experts/{{ds}}_e{{k}}.log",
     shell:
-        "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"
 
 
 rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from the gold rationales
