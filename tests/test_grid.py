@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import PROJECT
 
-from meml.core.config import load_config, run_settings
+from meml.core.config import in_schema_order, load_config, run_settings, without_run_keys
 from meml.core.io import DataError
 from meml.data.tiny_models import tiny_arch
 from meml.plan import grid
@@ -224,18 +224,25 @@ def test_a_seed_scope_without_rl_or_pretraining_without_sft_is_refused(vary: lis
     assert err.value.field == "grid.seeds_vary"
 
 
-def test_how_a_job_checkpoints_is_no_part_of_a_cell() -> None:
-    """core/config.RUN_KEYS (whether the last RL checkpoint is kept, how often SFT checkpoints) define no
-    cell; every other key of the rl and sft sections does."""
-    kept = load_config(None, {"rl.keep_checkpoints": True, "sft.checkpoint_every": 200})
-    dropped = load_config(None, {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0})
+def test_how_a_job_runs_is_no_part_of_a_cell() -> None:
+    """core/config.RUN_KEYS (checkpoints, the update's micro-batch, vLLM's memory and kernels) define no
+    cell, and the RL job gets them back beside the cell's values; every other key of rl and sft does
+    define it, rl.rollout_batch_size (the kv engine's draws) and rl.vllm.max_model_len (a cap) among them."""
+    from meml.jobs.training import rl_settings
+
+    run = {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0, "rl.checkpoint_every": 7,
+           "rl.micro_batch_tokens": 999, "rl.vllm.gpu_memory_utilization": 0.9,
+           "rl.vllm.enforce_eager": True}  # fmt: skip
+    kept, changed = load_config(None), load_config(None, run)
     cell = grid.cells(kept)[0]
-    assert grid.cell_values(kept, cell) == grid.cell_values(dropped, cell)
-    assert "keep_checkpoints" not in grid.cell_values(kept, cell)["rl"]
-    assert "checkpoint_every" not in grid.cell_values(kept, cell)["sft"]
-    assert run_settings(dropped) == {"rl.keep_checkpoints": False, "sft.checkpoint_every": 0}
-    other = load_config(None, {"sft.lr": 1e-4})
-    assert grid.cell_values(other, cell) != grid.cell_values(kept, cell)
+    assert grid.cell_values(kept, cell) == grid.cell_values(changed, cell)
+    assert grid.cell_key(kept, cell) == grid.cell_key(changed, cell)
+    assert run.items() <= run_settings(changed).items()
+    s = rl_settings(changed, grid.cell_values(changed, cell))
+    assert (s.micro_batch_tokens, s.checkpoint_every, s.keep_checkpoints) == (999, 7, False)
+    assert (s.vllm.gpu_memory_utilization, s.vllm.enforce_eager, s.vllm.max_model_len) == (0.9, True, None)
+    for other in ({"sft.lr": 1e-4}, {"rl.rollout_batch_size": 32}, {"rl.vllm.max_model_len": 512}):
+        assert grid.cell_values(load_config(None, other), cell) != grid.cell_values(kept, cell), other
     assert load_config(PROJECT / "config" / "paper.yaml")["rl"]["keep_checkpoints"] is False
 
 
@@ -254,3 +261,34 @@ def test_the_toy_world_takes_tiny_models_or_a_gguf_file_not_a_hub_model() -> Non
     with pytest.raises(DataError, match="the toy world trains tiny models or a model from a GGUF file") as err:
         grid.check(hub, 3)
     assert err.value.field == "models.qwen2.source"
+
+
+def test_a_section_a_job_reads_is_in_the_schemas_order_whatever_order_the_config_named_its_keys() -> None:
+    """Snakemake lays config files over the default in the order they name keys, so a file naming a run
+    key (rl.vllm.gpu_memory_utilization) moves `vllm` within `rl`; the rules pass sections in the schema's
+    order, so that moves no job's params. Named entries keep the config's order (the tables' order)."""
+    cfg = load_config(PROJECT / "config" / "paper.yaml")
+    moved = {"vllm": cfg["rl"]["vllm"], **{k: v for k, v in reversed(cfg["rl"].items()) if k != "vllm"}}
+    assert list(moved) != list(cfg["rl"]) and in_schema_order("rl", moved) == cfg["rl"]
+    assert list(in_schema_order("rl", moved)) == list(in_schema_order("rl", cfg["rl"]))
+    models = {"llama": cfg["models"]["llama"], "qwen2": cfg["models"]["qwen2"]}
+    assert list(in_schema_order("models", models)) == ["llama", "qwen2"]
+
+
+def test_a_run_key_is_set_in_its_section_alone_and_only_where_a_job_reads_its_entry() -> None:
+    """A run key in a data set's or a method's RL layer would be dropped from the cell's values and never
+    reach the job: refused by name. `--run` takes run keys alone, and sets a teacher's only in a job that
+    reads that teacher's entry (the teacher rule passes one teacher, the shell line every teacher's keys)."""
+    with pytest.raises(DataError, match="RUN_KEYS") as err:
+        load_config(None, {"rl_by_dataset": {"gsm8k": {"max_new_tokens": 384, "micro_batch_tokens": 4096}}})
+    assert err.value.field == "rl_by_dataset.gsm8k.micro_batch_tokens"
+    with pytest.raises(DataError, match="RUN_KEYS") as err:
+        load_config(None, {"methods.MEML-GRPO.rl": {"vllm": {"enforce_eager": True}}})
+    assert err.value.field == "methods.MEML-GRPO.rl.vllm.enforce_eager"
+    with pytest.raises(DataError, match="use --set"):
+        load_config(None, None, {"rl.lr": 1.0})
+    paper = PROJECT / "config" / "paper.yaml"
+    one = without_run_keys("teachers", {"e1": load_config(paper)["teachers"]["e1"]})
+    assert "concurrency" not in one["e1"] and "api_key_env" not in one["e1"] and "max_attempts" in one["e1"]
+    job = load_config(paper, {"teachers": one}, {"teachers.e1.concurrency": 2, "teachers.e2.concurrency": 3})
+    assert list(job["teachers"]) == ["e1"] and job["teachers"]["e1"]["concurrency"] == 2

@@ -116,6 +116,8 @@ def test_each_expert_samples_under_its_own_prompt_and_iml_hsft_fire(
     environment = json.loads((tmp_path / "DONE").read_text())["environment"]
     assert environment["start_weights_sha256"] == weights_sha256(base_model)
     assert environment["threads"] == torch.get_num_threads()
+    # a run key that moves a number at round-off only: the run's record, not the cell (docs/reliability.md)
+    assert environment["micro_batch_tokens"] == tiny_settings()["micro_batch_tokens"] and "vllm" not in environment
 
 
 def test_a_rollout_cut_at_the_cap_gets_reward_zero(small_world: Path, base_model: Path) -> None:

@@ -16,7 +16,15 @@ import pytest
 
 from meml.core.io import DataError
 from meml.core.records import Record, read_records
-from meml.data.teachers import DEFAULTS, Reply, TransientError, build_expert, generate, teacher_key
+from meml.data.teachers import (
+    DEFAULTS,
+    Reply,
+    ServedModelChanged,
+    TransientError,
+    build_expert,
+    generate,
+    teacher_key,
+)
 
 SECRET = "sk-test-SECRET-4242"
 
@@ -30,6 +38,7 @@ class Script:
         self.requests: Counter[str] = Counter()
         self.auth: list[str] = []
         self.lock = threading.Lock()
+        self.served: str | None = None  # the model the replies name (None: they name none)
 
 
 @pytest.fixture
@@ -65,7 +74,8 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Script]]:
                 message = {"role": "assistant", "content": f"Adding it up gives {action[1]}.\n#### {action[1]}"}
                 if action[2]:
                     message["reasoning_content"] = action[2]
-                payload = json.dumps({"choices": [{"message": message}], "usage": {"total_tokens": 7}}).encode()
+                reply = {"choices": [{"message": message}], "usage": {"total_tokens": 7}}
+                payload = json.dumps({**reply, **({"model": script.served} if script.served else {})}).encode()
                 self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
@@ -342,3 +352,40 @@ def test_a_question_that_failed_is_asked_again_on_the_next_run(records: list[Rec
                            progress=False)  # fmt: skip
     assert dict(second.asked) == {records[2].question: 1} and summary["questions_with_trajectory"] == 6
     assert (tmp_path / "out/e1.jsonl").is_file()
+
+
+def test_a_change_of_the_model_behind_the_teachers_name_is_reported_not_mixed(
+    server: tuple[str, Script], records: list[Record], tmp_path: Path
+) -> None:
+    """The cache keeps the model each reply names. When the API starts answering the configured name
+    (an alias) with another model, the job stops after the first such reply (kept), naming both models,
+    and stops again at once on a rerun; pinning the old model keeps every cached answer and asks only
+    the rest, while a pin of the new one would start the expert over under it."""
+    url, script = server
+    gold = _gold(records)
+    script.plan = lambda q, n: ("ok", gold[q], "")
+    script.served = "r1-0120"
+    alias = _settings(url, model="r1", concurrency=1)
+    data, cache = _data(tmp_path, records[:4]), tmp_path / "cache"
+    summary = build_expert(data, "gsm8k", 1, alias, tmp_path / "experts", cache, progress=False)
+    assert summary["served_models"] == ["r1-0120"]
+    rows = [json.loads(x) for x in (cache / "gsm8k/e1.jsonl").read_text().splitlines()]
+    assert {r["served_model"] for r in rows} == {"r1-0120"}
+    script.served = "r1-0528"  # the provider repoints the alias
+    data = _data(tmp_path, records)  # two more questions to ask
+    with pytest.raises(ServedModelChanged) as err:
+        build_expert(data, "gsm8k", 1, alias, tmp_path / "experts", cache, progress=False)
+    message = str(err.value)
+    assert "'r1-0528'" in message and "4 cached answers came from 'r1-0120'" in message, message
+    assert err.value.field == "teachers.e1.model" and sum(script.requests.values()) == 4 + 1
+    with pytest.raises(ServedModelChanged):  # the rerun stops before it asks
+        build_expert(data, "gsm8k", 1, alias, tmp_path / "experts", cache, progress=False)
+    assert sum(script.requests.values()) == 5
+    script.served = "r1-0120"  # the API still serves the old model by its own name: pin it
+    pinned = build_expert(data, "gsm8k", 1, {**alias, "model": "r1-0120"}, tmp_path / "experts", cache, progress=False)
+    assert pinned["questions_with_trajectory"] == 6 and pinned["served_models"] == ["r1-0120"]
+    assert sum(script.requests.values()) == 5 + 2  # the four cached answers kept, the two others asked
+    from meml.data.teachers import Cache
+
+    newer = Cache(cache / "gsm8k/e1.jsonl", teacher_key({**alias, "model": "r1-0528"}))
+    assert [r["served_model"] for r in newer.rows if newer.mine(r)] == ["r1-0528"]  # a pin of the new one: one answer

@@ -148,10 +148,51 @@ def test_the_end_message_names_a_tracking_server_and_links_its_view(
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results/smoke").mkdir(parents=True)
-    (tmp_path / "results/smoke/mlflow_experiment.json").write_text('{"experiment_id": "7"}')
+    marker = tmp_path / "results/smoke/mlflow_experiment.json"
+    made = {"tracking_uri": "http://mlflow.example:5000/", "experiment": "smoke", "experiment_id": "7"}
+    marker.write_text(json.dumps(made))
     server = {"enabled": True, "tracking_uri": "http://mlflow.example:5000/", "experiment": None, "artifacts": None}
     cfg = {"profile": "smoke", "world": "toy", "mlflow": server}
     text = message(cfg)
     assert "the tracking server http://mlflow.example:5000/ (experiment 'smoke')" in text
     assert "open http://mlflow.example:5000/#/experiments/7/runs?viewStateShareKey=by-method" in text
     assert "--backend-store-uri" not in text
+    # the marker names the store the grid started in; a server named since holds another id: no link
+    marker.write_text(json.dumps({**made, "tracking_uri": "sqlite:///results/mlflow.db"}))
+    assert "#/experiments/7" not in message(cfg) and "the tracking server http://mlflow.example:5000/" in message(cfg)
+
+
+def test_mlflow_pointed_elsewhere_is_made_ready_at_the_start_and_an_evaluation_logs_only_where_its_run_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mlflow keys are run keys: a finished grid pointed at another store reruns nothing. The
+    workflow's start then makes the new store and experiment (before jobs start at once), and says
+    where the finished jobs logged; an evaluation whose cell's run lives in the old store writes its
+    file alone and says so, where the store holds the run it logs to it."""
+    import mlflow
+
+    from meml.core.tracking import cell_run, ensure_experiment
+    from meml.lifecycle import mlflow_store
+    from meml.plan.layout import Layout
+
+    monkeypatch.chdir(tmp_path)
+    old, new = f"sqlite:///{tmp_path / 'old.db'}", f"sqlite:///{tmp_path / 'new.db'}"
+    cfg = {"profile": "p", "world": "toy",
+           "mlflow": {"enabled": True, "tracking_uri": old, "experiment": None, "artifacts": None}}  # fmt: skip
+    marker = Layout.of(cfg).mlflow_marker
+    marker.parent.mkdir(parents=True)
+    made = {"tracking_uri": old, "experiment": "p", "experiment_id": ensure_experiment(MLflowSettings(old, "p"))}
+    marker.write_text(json.dumps(made))
+    assert mlflow_store(cfg) is None  # the store the marker names: nothing to do
+    cell = tmp_path / "cell"
+    tracker = Tracker(cell, "p/cell", {"x": 1}, MLflowSettings(old, "p"))
+    tracker.close()
+    assert cell_run(MLflowSettings(old, "p"), cell) == tracker.run_id
+    moved = {**cfg, "mlflow": {**cfg["mlflow"], "tracking_uri": new}}
+    experiment_id = mlflow_store(moved)
+    assert experiment_id is not None and "the finished jobs logged to " + old in capsys.readouterr().err
+    mlflow.set_tracking_uri(new)
+    assert mlflow.get_experiment_by_name("p").experiment_id == experiment_id
+    assert json.loads(marker.read_text()) == made  # the marker is an input of every job that logs: untouched
+    assert cell_run(MLflowSettings(new, "p"), cell) is None
+    assert f"is not in {new}" in capsys.readouterr().err

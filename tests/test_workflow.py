@@ -169,16 +169,57 @@ def test_changing_how_the_report_decides_reruns_only_the_report(smoke_run: Path)
     assert _job_counts(dry.stdout) == {"report": 1, "all": 1}
 
 
-def test_changing_how_jobs_checkpoint_reruns_nothing(smoke_run: Path) -> None:
-    """core/config.RUN_KEYS reach the jobs on the shell line, outside the params Snakemake compares; the
-    dry run's command lines carry the new values for the jobs that would run."""
-    changed = smoke_run / "checkpoints.yaml"
-    changed.write_text("rl: {keep_checkpoints: false}\nsft: {checkpoint_every: 7}\n")
-    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(changed))
+def _changed(value: object, key: str) -> object:
+    """Another value of a run key than `value`, of its type (MLflow: a tracking server's URI)."""
+    if key == "mlflow.tracking_uri":
+        return "http://127.0.0.1:5999"
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2
+    if value is None:  # rl.vllm.enforce_eager (null: by the device), mlflow.experiment (null: the profile's)
+        return True if key.endswith("enforce_eager") else "elsewhere"
+    return f"{value}-elsewhere"
+
+
+def test_changing_how_jobs_run_reruns_nothing(smoke_run: Path) -> None:
+    """Every run key (core/config.RUN_KEYS) the finished grid's config holds, changed at once, MLflow
+    pointed at a tracking server among them: the dry run lists no job. The keys reach the jobs on the
+    shell line, outside the params Snakemake compares: a job that runs (forced here) gets the new values,
+    so it logs to the new store."""
+    from meml.core.config import load_config, run_settings
+
+    now = run_settings(load_config(SMOKE, None))
+    assert {"threads", "rl.micro_batch_tokens", "rl.vllm.gpu_memory_utilization", "rl.checkpoint_every",
+            "mlflow.tracking_uri", "eval.batch_size"} <= now.keys()  # fmt: skip
+    changed = {key: _changed(value, key) for key, value in now.items()}
+    nested: dict = {}
+    for key, value in changed.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    (smoke_run / "how_jobs_run.yaml").write_text(json.dumps(nested))
+    config = ("--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(smoke_run / "how_jobs_run.yaml"))
+    dry = _run(smoke_run, "-n", *config)
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
-    forced = _run(smoke_run, "-n", "-p", "--forcerun", "rl", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"),
-                  str(changed))  # fmt: skip
-    assert "--set rl.keep_checkpoints=false --set sft.checkpoint_every=7" in forced.stdout
+    server = smoke_run / "server.yaml"  # the switch alone, as profiles/slurm advises it
+    server.write_text("mlflow: {tracking_uri: 'http://127.0.0.1:5999', artifacts: ''}\n")
+    dry = _run(smoke_run, "-n", "--configfile", str(SMOKE), str(smoke_run / "grid.yaml"), str(server))
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    (smoke_run / "logging.yaml").write_text("mlflow: {enabled: true}\n")  # the jobs that run log, to the server
+    forced = _run(smoke_run, "-n", "-p", "--forcerun", "rl", *config, str(smoke_run / "logging.yaml"))
+    rl = [line for line in forced.stdout.splitlines() if " -m meml.run rl " in line]
+    evaluation = [line for line in forced.stdout.splitlines() if " -m meml.run eval " in line]
+    assert rl and evaluation, forced.stdout[-3000:]
+    for line in rl + evaluation:
+        assert "--run 'mlflow.tracking_uri=\"http://127.0.0.1:5999\"'" in line and "--run mlflow.enabled=true" in line
+        assert f"OMP_NUM_THREADS={changed['threads']} " in line
+    assert f"--run rl.micro_batch_tokens={changed['rl.micro_batch_tokens']}" in rl[0]
+    assert f"--run eval.batch_size={changed['eval.batch_size']}" in evaluation[0]
 
 
 def test_changing_one_data_sets_rl_settings_reruns_only_its_jobs(smoke_run: Path) -> None:

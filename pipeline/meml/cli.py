@@ -61,7 +61,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(sections, dict):
             raise DataError("--config-json must be a JSON mapping of top-level config keys")
         overrides = {**sections, **overrides}
-    return load_config(args.config, overrides)
+    return load_config(args.config, overrides, _overrides(getattr(args, "run", None) or []))
 
 
 def _ids(text: str) -> list[int]:
@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", default=None, help="YAML config (default: config/default.yaml)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. seed=1")
         p.add_argument("--config-json", default=None, help="top-level config sections as one JSON mapping")
+        p.add_argument("--run", action="append", metavar="KEY=VALUE",
+                       help="how the job runs (core/config.RUN_KEYS), set where the config has the entry")  # fmt: skip
 
     p = sub.add_parser("cost", help="estimate the GPU-hours of every cell (measured or assumed throughput)")
     with_config(p)

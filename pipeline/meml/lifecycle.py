@@ -1,9 +1,9 @@
 """A workflow run's start and end, as the Snakefile's onstart, onsuccess and onerror call them.
 
-    start(workflow, config)    the progress file; the warm worker (worker.py) on a local run, or the
-                               SLURM plugin's patch on a cluster (cluster.py); GPU records; on a local
-                               run of a cuda config with GPU jobs to run, the CUDA check
-                               (core/cuda_check.py) before any job
+    start(workflow, config)    the progress file; the MLflow store where the config moved it; the warm
+                               worker (worker.py) on a local run, or the SLURM plugin's patch on a
+                               cluster (cluster.py); GPU records; on a local run of a cuda config with
+                               GPU jobs to run, the CUDA check (core/cuda_check.py) before any job
     finish(workflow, config)   the worker stopped; report/<profile>/run.json; the closing message
     failed(workflow, config)   the worker stopped; run.json (a failed part still cost what it cost);
                                the calibration gate's messages
@@ -43,6 +43,7 @@ def start(workflow: Any, config: dict[str, Any], gpus: int) -> None:
     rules = collections.Counter(job.rule.name for job in workflow.dag.needrun_jobs() if job.rule.name != "all")
     state = {"start": time.time(), "total": len(workflow.dag), "rules": rules}
     progress_file(config).write_text(json.dumps(state))
+    mlflow_store(config)
     if workflow.non_local_exec:
         os.environ.pop("MEML_WORKER", None)
         from meml.cluster import patch_slurm_plugin  # a cancelled job must end the run (see there)
@@ -74,6 +75,34 @@ def check_cuda(workflow: Any, config: dict[str, Any]) -> None:
     found = check()
     if found:
         raise ValueError("device: cuda, but the GPUs cannot be used; fix first:\n  " + "\n  ".join(found))
+
+
+def mlflow_store(config: dict[str, Any]) -> str | None:
+    """The MLflow store and experiment the config names, made ready before any job of this run logs
+    to them, where they are not those the mlflow_store job made (its marker): the mlflow keys are run
+    keys (core/config.RUN_KEYS), so pointing MLflow elsewhere reruns no job, that one included, while
+    jobs starting at once must not each create a new store. Returns the experiment's id, or None where
+    there is nothing to do (MLflow off, or the mlflow_store job has yet to run)."""
+    from meml.core.tracking import MLflowSettings, ensure_experiment
+
+    settings = MLflowSettings.of(config)
+    marker = Layout.of(config).mlflow_marker
+    if not settings.enabled or not marker.is_file():
+        return None
+    made = json.loads(marker.read_text())
+    if made.get("experiment_id") and (made.get("tracking_uri"), made.get("experiment")) == (
+        settings.tracking_uri,
+        settings.experiment,
+    ):
+        return None
+    experiment_id = ensure_experiment(settings)
+    print(
+        f"[meml] MLflow: this run's jobs log to {settings.tracking_uri}, experiment {settings.experiment!r} "
+        f"({experiment_id}); the finished jobs logged to {made.get('tracking_uri')} (experiment "
+        f"{made.get('experiment')!r}) and are not rerun: mlflow.* say where results go, not what they are",
+        file=sys.stderr,
+    )
+    return experiment_id
 
 
 def _stop_worker() -> None:

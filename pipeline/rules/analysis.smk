@@ -17,7 +17,6 @@ rule complementarity:
                                  "experts", "reward", dataset=w.ds),
         model=",".join(str(LAYOUT.sft("{model}", "{ds}", v) / "model") for v in COMPLEMENTARITY_SFT),
         experts=",".join(str(k) for k in PAPER_EXPERTS),
-        env=job_env,
         data=test_data(FIRST_SEED),
         out=str(LAYOUT.complementarity("{model}", "{ds}")).removesuffix(".json"),
     threads: gpu_threads(GPU)
@@ -26,5 +25,5 @@ rule complementarity:
     log:
         f"{LOGS}/complementarity/{{model}}_{{ds}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} complementarity --checkpoint {params.model} --dataset {wildcards.ds} "
-        "--experts {params.experts} --data-root {params.data} --out {params.out} --config-json {params.cfg} > {log} 2>&1"
+        JOB_ENV + "{ON_GPU} {MEML} complementarity --checkpoint {params.model} --dataset {wildcards.ds} "
+        "--experts {params.experts} --data-root {params.data} --out {params.out} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

@@ -18,7 +18,6 @@ rule calibrate:
             "calibration", only={"report": ["headline_expert"]}, dataset=w.ds,
         ),
         experts=variant_experts,
-        env=job_env,
         model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
         data=lambda w: f"{seed_world(grid.run_seed(w.variant))}/data",  # its training questions are the seed's
     threads: gpu_threads(GPU)
@@ -27,6 +26,6 @@ rule calibrate:
     log:
         f"{LOGS}/calibration/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} calibrate --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        JOB_ENV + "{ON_GPU} {MEML} calibrate --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
         "--data-root {params.data} --where {wildcards.model}/{wildcards.ds}/{wildcards.variant} --out {output} "
-        "--config-json {params.cfg} > {log} 2>&1"
+        "--config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "pipeline"))
 from meml import lifecycle  # noqa: E402
-from meml.core.config import offline_env, run_settings, without_run_keys  # noqa: E402
+from meml.core.config import RUN_KEYS, in_schema_order, offline_env, run_settings, without_run_keys  # noqa: E402
 from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import checks, grid, teacher_stage  # noqa: E402
 from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
@@ -75,10 +75,12 @@ PROGRESS = f"{shlex.quote(sys.executable)} -m meml.progress"
 PROGRESS_STATE = lifecycle.progress_file(config)
 
 
-def job_env(wildcards, threads):
-    """The environment a compute job starts with: `threads` CPU threads each."""
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false", **OFFLINE}
-    return " ".join(f"{k}={v}" for k, v in env.items())
+# The environment a compute job starts with, `threads` CPU threads each, at the head of its shell line:
+# Snakemake formats {threads} into the line and compares only the line's template, so the thread count
+# (a run key, core/config.RUN_KEYS) reruns nothing.
+JOB_ENV = " ".join(
+    ["OMP_NUM_THREADS={threads}", "MKL_NUM_THREADS={threads}", "TOKENIZERS_PARALLELISM=false", *(f"{k}={v}" for k, v in OFFLINE.items())]
+) + " "
 
 
 def launcher(job):
@@ -101,7 +103,8 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
     so editing one method or one teacher reruns only its jobs. A model's published figures and
     `eval.base` and `eval.sft` concern the report only (`shown`): editing them reruns no training or
     evaluation (turning one on adds its evaluations, nothing else). How a job runs, not what it
-    computes (core/config.RUN_KEYS), is left out: RUN_SETTINGS carries it. A job of one data set (`dataset`)
+    computes (core/config.RUN_KEYS), is left out: RUN_SETTINGS carries it, so every rule that passes a
+    section holding a run key puts {RUN_SETTINGS} on its shell line. A job of one data set (`dataset`)
     gets that data set's `rl_by_dataset` entry alone: editing another's reruns nothing of it."""
     chosen = {key: config[key] for key in sections}
     if "rl_by_dataset" in chosen and dataset is not None:
@@ -116,14 +119,17 @@ def cli_config(*sections, only=None, shown=False, replicates=None, dataset=None)
         chosen["eval"] = {k: v for k, v in chosen["eval"].items() if k not in ("base", "sft")}
     if replicates is not None:  # the report's: the replicates on disk (REPLICATES)
         chosen["report"] = {**chosen["report"], "replicates": replicates}
-    chosen = {k: without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items()}
-    return shlex.quote(json.dumps(chosen))  # unsorted: the order of models and methods is the tables' order
+    chosen = {k: without_run_keys(k, v) if isinstance(v, dict) else v for k, v in chosen.items() if k not in RUN_KEYS}
+    # in the schema's order (named entries, the order of models and methods, in the tables' order): a
+    # config file that names a run key inside a section (rl.vllm) must not reorder what Snakemake compares
+    return shlex.quote(json.dumps({k: in_schema_order(k, v) for k, v in chosen.items()}))
 
 
-# How a job runs, not what it computes (core/config.RUN_KEYS: the checkpoint settings), as `--set` options on
-# the SFT and RL jobs' shell lines: Snakemake compares a rule's params and its shell line's template,
-# never the values formatted into it, so changing one of these reruns nothing.
-RUN_SETTINGS = " ".join(f"--set {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in run_settings(config).items())
+# How a job runs, not what it computes (core/config.RUN_KEYS: checkpoints, memory, batch sizes of no
+# result, threads, where MLflow is), as `--run` options on the jobs' shell lines: Snakemake compares a
+# rule's params and its shell line's template, never the values formatted into it, so changing one of
+# these reruns nothing. `--run` sets a teacher's keys only in a job that reads that teacher's entry.
+RUN_SETTINGS = " ".join(f"--run {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in run_settings(config).items())
 
 
 # What a seed retrains, for the jobs that must know it (SFT, RL, a seed's own base model); passed

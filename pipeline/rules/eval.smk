@@ -1,5 +1,6 @@
 # Stage: evaluation of every cell's final model through lm-eval, greedy, under each of the
-# method's evaluated experts' prompts, plus their majority vote. Results go to the cell's MLflow run.
+# method's evaluated experts' prompts, plus their majority vote. Results go to the cell's MLflow run
+# (its id sits in the RL run folder) where mlflow.enabled, a run key (core/config.RUN_KEYS).
 
 
 rule evaluate:
@@ -14,19 +15,16 @@ rule evaluate:
         ),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         run=rl_run_dir,
-        env=job_env,
         data=lambda w: test_data(w.seed),
         headline=config["report"]["headline_expert"],
-        # the cell's MLflow run (its id sits in the RL run folder) gets the evaluation too
-        log_to_run=lambda w: f"--log-to-run {rl_run_dir(w)}" if config["mlflow"]["enabled"] else "",
     threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
-        "--data-root {params.data} {params.log_to_run} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1 "
+        JOB_ENV + "{ON_GPU} {MEML} eval --checkpoint {params.run}/model --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --log-to-run {params.run} --out {output:q} --config-json {params.cfg} {RUN_SETTINGS} > {log:q} 2>&1 "
         "&& {PROGRESS} {output:q} {PROGRESS_STATE} e{params.headline}"
 
 
@@ -50,7 +48,6 @@ rule evaluate_base:
         ),
         experts=",".join(str(k) for k in ALL_EXPERTS),
         model=base_model_path,
-        env=job_env,
         data=test_data(FIRST_SEED),
     threads: gpu_threads(GPU)
     resources:
@@ -58,8 +55,8 @@ rule evaluate_base:
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/base.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
-        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+        JOB_ENV + "{ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} {RUN_SETTINGS} > {log:q} 2>&1"
 
 
 # Each SFT model an RL cell starts from (eval.sft), under every expert's prompt, with the cells' own
@@ -76,7 +73,6 @@ rule evaluate_sft:
         ),
         experts=",".join(str(k) for k in ALL_EXPERTS),
         model=str(LAYOUT.sft("{model}", "{ds}", "{variant}") / "model"),
-        env=job_env,
         data=lambda w: test_data(grid.run_seed(w.variant)),
     threads: gpu_threads(GPU)
     resources:
@@ -84,8 +80,8 @@ rule evaluate_sft:
     log:
         f"{LOGS}/eval/{{model}}/{{ds}}/sft/{{variant}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
-        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+        JOB_ENV + "{ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} {RUN_SETTINGS} > {log:q} 2>&1"
 
 
 # The trl-trained cell (trl.methods), evaluated as the cell itself is.
@@ -101,7 +97,6 @@ rule evaluate_trl:
         ),
         experts=lambda w: ",".join(str(k) for k in grid.eval_experts(config, w.method)),
         model=lambda w: shlex.quote(str(LAYOUT.trl(grid.Cell(w.model, w.ds, w.method, w.seed)) / "model")),
-        env=job_env,
         data=lambda w: test_data(w.seed),
     threads: gpu_threads(GPU)
     resources:
@@ -109,5 +104,5 @@ rule evaluate_trl:
     log:
         f"{LOGS}/eval/trl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
-        "--data-root {params.data} --out {output:q} --config-json {params.cfg} > {log:q} 2>&1"
+        JOB_ENV + "{ON_GPU} {MEML} eval --checkpoint {params.model} --dataset {wildcards.ds} --experts {params.experts} "
+        "--data-root {params.data} --out {output:q} --config-json {params.cfg} {RUN_SETTINGS} > {log:q} 2>&1"

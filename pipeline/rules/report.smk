@@ -98,4 +98,4 @@ rule report:
     log:
         f"{LOGS}/report.log",
     shell:
-        "{MEML} report --results {params.results} --out {params.out} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} report --results {params.results} --out {params.out} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

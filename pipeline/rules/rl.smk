@@ -21,7 +21,6 @@ rule rl:
             "profile", "world", "seed", "device", "precision", "gradient_checkpointing", "launch", "models", "sft", "rl",
             "rl_by_dataset", "reward", "experts", "mlflow", only={"methods": [w.method], **SEEDS_VARY}, dataset=w.ds,
         ),
-        env=job_env,
         launch=lambda w: launcher(f"rl/{w.model}/{w.ds}/{w.method}/{w.seed}"),
     threads: gpu_threads(GPU * PROCESSES)
     resources:
@@ -29,7 +28,7 @@ rule rl:
     log:
         f"{LOGS}/rl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {ON_GPUS} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
+        JOB_ENV + "{ON_GPUS} {params.launch} rl --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
         "--seed {wildcards.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"
 
 
@@ -47,12 +46,11 @@ rule trl_grpo:
             "profile", "world", "seed", "device", "precision", "models", "sft", "rl", "rl_by_dataset", "reward",
             "experts", "trl", only={"methods": [w.method], "trl": ["vllm"], **SEEDS_VARY}, dataset=w.ds,
         ),
-        env=job_env,
     threads: gpu_threads(GPU)
     resources:
         gpu=GPU,
     log:
         f"{LOGS}/trl/{{model}}/{{ds}}/{{method}}/seed{{seed}}.log",
     shell:
-        "{params.env} {ON_GPU} {MEML} trl-grpo --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
-        "--seed {wildcards.seed} --config-json {params.cfg} > {log} 2>&1"
+        JOB_ENV + "{ON_GPU} {MEML} trl-grpo --model {wildcards.model} --dataset {wildcards.ds} --method {wildcards.method:q} "
+        "--seed {wildcards.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

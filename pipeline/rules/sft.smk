@@ -20,7 +20,6 @@ rule sft:
         ),
         experts=variant_experts,
         seed=variant_seed,
-        env=job_env,
         launch=lambda w: launcher(f"sft/{w.model}/{w.ds}/{w.variant}"),
     threads: gpu_threads(GPU * PROCESSES)
     resources:
@@ -28,5 +27,5 @@ rule sft:
     log:
         f"{LOGS}/sft/{{model}}/{{ds}}/{{variant}}.log",
     shell:
-        "{params.env} {ON_GPUS} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
+        JOB_ENV + "{ON_GPUS} {params.launch} sft --model {wildcards.model} --dataset {wildcards.ds} --experts {params.experts} "
         "{params.seed} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

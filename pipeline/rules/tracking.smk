@@ -1,5 +1,8 @@
 # Stage: the MLflow store and the profile's experiment, created once by one job before any job
-# that logs (several processes creating a new SQLite store at once corrupt it).
+# that logs (several processes creating a new SQLite store at once corrupt it). The mlflow keys are
+# run keys (core/config.RUN_KEYS): they reach the job on its shell line, so pointing MLflow elsewhere
+# reruns neither this job nor those that wait on it; the workflow's start makes the new store ready
+# instead (lifecycle.mlflow_store), and the jobs that run log to it.
 
 
 rule mlflow_store:
@@ -10,4 +13,4 @@ rule mlflow_store:
     log:
         f"{LOGS}/mlflow_store.log",
     shell:
-        "{MEML} mlflow-init --out {output} --config-json {params.cfg} > {log} 2>&1"
+        "{MEML} mlflow-init --out {output} --config-json {params.cfg} {RUN_SETTINGS} > {log} 2>&1"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -251,12 +252,30 @@ def run_tags(cfg: dict[str, Any], cell: Any) -> dict[str, str]:
     }
 
 
-def run_id_beside(run_folder: str | Path) -> str:
-    """The MLflow run id an RL run folder keeps (`mlflow_run_id`)."""
+def cell_run(settings: MLflowSettings, run_folder: str | Path) -> str | None:
+    """The MLflow run an RL run folder names (`mlflow_run_id`), where the configured store holds it;
+    else None, with a line saying why: the cell trained with mlflow.enabled off, or it was logged to
+    another store (the mlflow keys are run keys, core/config.RUN_KEYS: a finished cell is not rerun
+    when they change, and a new store does not hold its run)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
     path = Path(run_folder) / "mlflow_run_id"
     if not path.is_file():
-        raise DataError("no MLflow run id beside this RL run (was it trained with mlflow.enabled?)", path)
-    return path.read_text().strip()
+        print(f"[meml] no MLflow run beside {run_folder} (trained with mlflow.enabled off?): "
+              "the evaluation is in its file alone", file=sys.stderr)  # fmt: skip
+        return None
+    run_id = path.read_text().strip()
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        print(f"[meml] the cell's MLflow run {run_id} is not in {settings.tracking_uri} (it was logged to the store "
+              "mlflow.tracking_uri named then): the evaluation is in its file alone", file=sys.stderr)  # fmt: skip
+        return None
+    return run_id
 
 
 def log_evaluation(settings: MLflowSettings, run_id: str, block: dict[str, Any], files: list[str | Path]) -> None:

@@ -12,9 +12,13 @@ Backends (config `teachers.e<k>.backend`):
 
 The cache is append-only JSONL, one line per attempt: {key, id, expert, attempt, status, ...},
 `key` a hash of the teacher's settings. An item is finished once accepted or out of attempts;
-a run started again never asks for a finished item. Network failures (429, 5xx, timeouts,
-malformed JSON) are retried with exponential backoff and jitter; an item that still fails is
-recorded as `failed`, the run goes on, and the next run asks for it again.
+a run started again never asks for a finished item. Each answer also records the model the API
+named in its reply (`served_model`: `deepseek-reasoner` is an alias its provider has repointed), and
+`served_key`, the same hash with that model in place of the configured name: a cached answer counts
+for the settings it was asked under and for settings that name the model that wrote it. Answers of
+two models under one expert's settings stop the run, naming both (ServedModelChanged). Network
+failures (429, 5xx, timeouts, malformed JSON) are retried with exponential backoff and jitter; an
+item that still fails is recorded as `failed`, the run goes on, and the next run asks for it again.
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ class Reply:
     content: str
     reasoning: str
     tokens: int
+    model: str = ""  # the model the API named in its reply ("": the backend does not say)
+
+
+class ServedModelChanged(DataError):
+    """The model behind a teacher's configured name is another than the one that wrote its cached answers."""
 
 
 SHAPING = ("backend", "base_url", "model", "path", "temperature", "top_p", "max_tokens")
@@ -134,9 +143,10 @@ class OpenAITeacher:
             content = message.get("content") or ""
             reasoning = message.get("reasoning_content") or ""
             tokens = int((reply.get("usage") or {}).get("total_tokens") or 0)
-        except (ValueError, KeyError, IndexError, TypeError) as err:
+            served = str(reply.get("model") or "")  # the model that answered, where the API names it
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             raise TransientError(f"malformed reply: {type(err).__name__}") from None
-        return Reply(content, reasoning, tokens)
+        return Reply(content, reasoning, tokens, served)
 
 
 class VLLMTeacher:
@@ -212,8 +222,16 @@ def with_backoff(
     raise AssertionError("unreachable")
 
 
+def served_key(settings: dict[str, Any], served: str) -> str:
+    """teacher_key with the model the API named in place of the configured one: the same for an
+    alias and for a pin of the model that answered it."""
+    return teacher_key({**settings, "model": served}) if served else teacher_key(settings)
+
+
 class Cache:
-    """Append-only attempts of one data set and expert; thread-safe appends, flushed per line."""
+    """Append-only attempts of one data set and expert; thread-safe appends, flushed per line. A row
+    is this teacher's when asked under its settings (`key`) or written by the model they name
+    (`served_key`)."""
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = path, key
@@ -221,8 +239,17 @@ class Cache:
         self.lock = threading.Lock()
         self.rows = [row for _, row in read_jsonl(path)] if path.is_file() else []
 
+    def mine(self, row: dict[str, Any]) -> bool:
+        return bool(row["key"] == self.key or row.get("served_key") == self.key)
+
     def attempts(self, item: str) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["key"] == self.key and r["id"] == item and r["status"] != "failed"]
+        return [r for r in self.rows if self.mine(r) and r["id"] == item and r["status"] != "failed"]
+
+    def served_models(self) -> list[str]:
+        """The models the API named in this teacher's cached answers, oldest first."""
+        with self.lock:
+            named = [r["served_model"] for r in self.rows if self.mine(r) and r.get("served_model")]
+        return list(dict.fromkeys(named))
 
     def finished(self, item: str, max_attempts: int) -> bool:
         done = self.attempts(item)
@@ -233,6 +260,26 @@ class Cache:
             f.write(json.dumps({"key": self.key, **row}) + "\n")
             f.flush()
             self.rows.append({"key": self.key, **row})
+
+
+def check_served(cache: Cache, expert: int, settings: dict[str, Any]) -> None:
+    """One model behind one expert: the answers of two (a provider repointed the configured name)
+    stop the run before more are mixed, naming both and the two ways on."""
+    models = cache.served_models()
+    if len(models) < 2:
+        return
+    old, new = models[0], models[-1]
+    count = sum(1 for r in cache.rows if cache.mine(r) and r.get("served_model") == old)
+    raise ServedModelChanged(
+        f"teacher e{expert}: the API now answers model '{settings['model']}' with '{new}', where {count} cached "
+        f"answers came from '{old}': the provider has pointed the name at another model, and one expert's "
+        f"trajectories would mix two teachers. Set teachers.e{expert}.model: '{old}' to keep the cached answers "
+        f"(if the API still serves it), or '{new}' to ask this expert's questions again under the new model (the "
+        "cache keeps both)",
+        cache.path,
+        None,
+        f"teachers.e{expert}.model",
+    )
 
 
 @locked("cache_path", folder=False)  # one writer of a teacher's cache at a time
@@ -253,15 +300,17 @@ def generate(
 
     teacher = teacher or make_teacher(settings)
     cache = Cache(Path(cache_path), teacher_key(settings))
+    check_served(cache, expert, settings)  # a change found by an earlier run stops this one before it asks
     max_attempts = int(settings["max_attempts"])
     todo = [r for r in records if not cache.finished(r.id, max_attempts)]
     provenance = {k: settings.get(k) for k in SHAPING if k != "path"}
     counts = {"requested_items": len(todo), "accepted": 0, "rejected": 0, "failed": 0, "tokens": 0}
     lock = threading.Lock()
+    stop = threading.Event()  # set when the served model changed: no request starts after it
 
     def work(record: Record) -> None:
         attempt = len(cache.attempts(record.id))
-        while attempt < max_attempts:
+        while attempt < max_attempts and not stop.is_set():
             attempt += 1
             started = time.time()
             try:
@@ -292,17 +341,20 @@ def generate(
     def keep(record: Record, attempt: int, reply: Reply, seconds: float) -> bool:
         """Check one reply, cache the attempt; True when accepted."""
         # a reply may echo the key (a proxy, a debugging endpoint): nothing unscrubbed is written
-        reply = Reply(teacher.scrub(reply.content), teacher.scrub(reply.reasoning), reply.tokens)
+        reply = Reply(teacher.scrub(reply.content), teacher.scrub(reply.reasoning), reply.tokens, reply.model)
         text = trajectory(reply, record)
         status = "accepted" if text is not None else "rejected"
         cache.append({
             "id": record.id, "expert": expert, "attempt": attempt, "status": status,
             "completion": text, "content": reply.content, "reasoning": reply.reasoning,
             "tokens": reply.tokens, "time": round(seconds, 2), "teacher": provenance,
+            "served_model": reply.model or None, "served_key": served_key(settings, reply.model),
         })  # fmt: skip
         with lock:
             counts[status] += 1
             counts["tokens"] += reply.tokens
+        if reply.model and len(cache.served_models()) > 1:  # kept (it is paid for); no new request starts
+            stop.set()
         return text is not None
 
     bar = tqdm(total=len(todo), desc=f"teacher e{expert}", unit="question", disable=not progress)
@@ -323,6 +375,8 @@ def generate(
             seconds = (time.time() - started) / len(pending)
             for record, reply in zip(pending, replies, strict=True):
                 keep(record, len(cache.attempts(record.id)) + 1, reply, seconds)
+            if stop.is_set():
+                break
             tick(sum(cache.finished(r.id, max_attempts) for r in pending))
     else:
         with ThreadPoolExecutor(max_workers=int(settings["concurrency"])) as pool:
@@ -330,6 +384,7 @@ def generate(
                 future.result()
                 tick()
     bar.close()
+    check_served(cache, expert, settings)  # the answers of another model stop the job, named
     return counts
 
 
@@ -347,13 +402,14 @@ def stats(
     cache: Cache, records: Sequence[Record], kept: list[tuple[Record, str]], expert: int, settings: dict[str, Any]
 ) -> dict[str, Any]:
     """Acceptance rate (accepted / attempted) and trajectory lengths, for the report."""
-    rows = [r for r in cache.rows if r["key"] == cache.key]
+    rows = [r for r in cache.rows if cache.mine(r)]
     tried = [r for r in rows if r["status"] in ("accepted", "rejected")]
     n_accepted = sum(r["status"] == "accepted" for r in tried)
     failed_items = {r["id"] for r in rows if r["status"] == "failed"} - {rec.id for rec, _ in kept}
     return {
         "expert": expert,
         "teacher": {k: settings.get(k) for k in ("backend", "model", "base_url")},
+        "served_models": cache.served_models(),  # the model(s) the API named in its replies: one, or none said
         "questions": len(records),
         "attempted": len(tried),
         "accepted": n_accepted,

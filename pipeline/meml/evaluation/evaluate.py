@@ -215,6 +215,8 @@ def evaluate_model(
         "dataset": dataset,
         "questions": len(records),
         "backend": backend,
+        # eval.batch_size changes a greedy token only at round-off (a run key, core/config.RUN_KEYS): recorded
+        "batch_size": "auto" if backend == "vllm" else batch_size,
         "experts": {},
     }
     per_question: dict[str, dict[str, Any]] = {r.id: {"id": r.id, "gold": r.answer} for r in records}

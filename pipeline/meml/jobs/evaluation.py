@@ -33,13 +33,14 @@ def evaluate(
     **overrides: Any,
 ) -> dict[str, Any]:
     """Accuracy of each expert prompt and the majority vote; with `log_to_run` (an RL run folder)
-    also on that cell's MLflow run. `overrides`: base_model, backend, batch_size, limit,
-    max_new_tokens, real (None keeps the config's)."""
+    also on that cell's MLflow run, where mlflow.enabled and the configured store holds that run.
+    `overrides`: base_model, backend, batch_size, limit, max_new_tokens, real (None keeps the config's)."""
     from meml.evaluation.evaluate import evaluate as run
 
     check_dataset_name(dataset, "--dataset")
     given = {k: v for k, v in overrides.items() if v}
-    run_id = tracking.run_id_beside(log_to_run) if log_to_run else None
+    settings = tracking.MLflowSettings.of(cfg)
+    run_id = tracking.cell_run(settings, log_to_run) if log_to_run and settings.enabled else None
     report = run(
         checkpoint,
         dataset,
@@ -59,7 +60,7 @@ def evaluate(
         mlflow_run_id=run_id,
     )
     if run_id is not None:
-        tracking.log_evaluation(tracking.MLflowSettings.of(cfg), run_id, report["model"], [out])
+        tracking.log_evaluation(settings, run_id, report["model"], [out])
     return report
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from meml.core import tracking
 from meml.core.answers import RewardConfig
-from meml.core.config import run_values
+from meml.core.config import deep_merge, run_values
 from meml.core.io import DataError
 from meml.core.precision import of_config
 from meml.core.records import check_dataset_name
@@ -42,7 +42,7 @@ def rl_settings(cfg: dict[str, Any], values: dict[str, Any]) -> Any:
     """The RL loop's typed settings: the cell's values (grid.cell_values) and how the job runs (RUN_KEYS)."""
     from meml.training.rl import RLSettings
 
-    return RLSettings.from_config({**values["rl"], **run_values(cfg, "rl")})
+    return RLSettings.from_config(deep_merge(values["rl"], run_values(cfg, "rl")))
 
 
 def reward_of(values: dict[str, Any]) -> RewardConfig:

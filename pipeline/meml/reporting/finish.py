@@ -58,8 +58,11 @@ def message(cfg: dict[str, Any]) -> str:
         else:
             lines.append(f"  MLflow:       .venv/bin/mlflow ui --backend-store-uri {uri} {experiment}")
         marker = Layout.of(cfg).mlflow_marker  # written by the mlflow_store rule
-        if marker.is_file() and json.loads(marker.read_text()).get("experiment_id"):
-            experiment_id = json.loads(marker.read_text())["experiment_id"]
+        made = json.loads(marker.read_text()) if marker.is_file() else {}
+        # the marker's experiment where it is this config's store (the mlflow keys are run keys: a
+        # store named after the marker was written holds another id)
+        if made.get("experiment_id") and (made.get("tracking_uri"), made.get("experiment")) == (uri, mlflow.experiment):
+            experiment_id = made["experiment_id"]
             url = grouped_view_url(experiment_id, uri.rstrip("/")) if server else grouped_view_url(experiment_id)
             lines.append(f"                {'' if server else 'then '}open {url} (the runs grouped by method)")
     first = headline(index)

@@ -172,6 +172,19 @@ class RLSettings:
         return Sampling(self.max_new_tokens, self.temperature, self.top_p)
 
 
+def round_off_settings(s: RLSettings) -> dict[str, Any]:
+    """The run keys (core/config.RUN_KEYS) that move an RL run's numbers at round-off only, kept with the
+    machine's record (DONE's `environment`, the MLflow params `environment.*`) since they are no part of
+    the cell: the update's micro-batch (another grouping of its sums), and vLLM's memory and kernels
+    (how many requests it batches, CUDA graphs or eager), where vLLM samples."""
+    out: dict[str, Any] = {"micro_batch_tokens": s.micro_batch_tokens}
+    if s.engine == "vllm":
+        v = s.vllm
+        out["vllm"] = {"gpu_memory_utilization": v.gpu_memory_utilization, "cpu_kv_cache_gib": v.cpu_kv_cache_gib,
+                       "enforce_eager": v.enforce_eager}  # fmt: skip
+    return out
+
+
 def sampling_of(cfg: dict[str, Any], dataset: str) -> Sampling:
     """RL's sampling on a data set (rl with its rl_by_dataset entry): what the calibration gate and
     the complementarity analysis sample with."""
@@ -393,7 +406,10 @@ def run_rl(
         policy = run.learner.policy
         run.engine.sync_weights(policy)
         check_synced(run.engine, policy)
-        environment = environment_record(paths.model, precision.device)  # DONE and MLflow params
+        environment = {
+            **environment_record(paths.model, precision.device),
+            **round_off_settings(s),
+        }  # DONE, MLflow params
         if dist.is_main:
             logged = {**tracking.params, "environment": environment}
             tracker = Tracker(out, tracking.key, logged, tracking.mlflow, first, tags=tracking.tags)
