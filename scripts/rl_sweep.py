@@ -225,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                         atomic_write_json(done, {"correct": [int(a[0][0]) for a in greedy]})
                     correct = np.array(read_json(done)["correct"], dtype=float)
                     world.append(correct - np.array(base["correct"], dtype=float))
-                    runs.append({"seed": seed, "rl_seed": rl_seed, "accuracy": round(100 * correct.mean(), 1),
-                                 **curves(run)})  # fmt: skip
                     sft_accuracy = 100 * np.mean(base["correct"])
+                    # the change over this run's own SFT start (each world seed has its own)
+                    change = round(100 * correct.mean() - sft_accuracy, 1)
+                    runs.append({"seed": seed, "rl_seed": rl_seed, "accuracy": round(100 * correct.mean(), 1),
+                                 "change": change, **curves(run)})  # fmt: skip
                     print(f"[sweep] {name} {ds} seed{seed} rl{rl_seed}: held-out {100 * correct.mean():.1f} "
                           f"(SFT {sft_accuracy:.1f}) in {time.time() - t0:.0f} s", file=sys.stderr)  # fmt: skip
                 diffs.append(world)
@@ -268,7 +270,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         d, low, high = row["heldout_change"]
         change = f"{d:+.1f} [{low:+.1f}, {high:+.1f}]" if math.isfinite(low) else f"{d:+.1f}"
         if len(row["runs"]) > 1:  # several RL seeds: each run's own change too
-            change += " (runs: " + ", ".join(f"{r['accuracy'] - row['sft_accuracy']:+.1f}" for r in row["runs"]) + ")"
+            # rows of one world seed written before runs kept their own change: the row's SFT is theirs
+            own = [r.get("change", r["accuracy"] - row["sft_accuracy"]) for r in row["runs"]]
+            change += " (runs: " + ", ".join(f"{c:+.1f}" for c in own) + ")"
         first, last = avg(row, "reward_first"), avg(row, "reward_last")
         rel = avg(row, "relative_change")
         lines.append(
