@@ -150,3 +150,27 @@ def test_the_time_left_against_a_finished_run() -> None:
             late.append((estimate - left) / 60)
     assert sum(ours) < sum(counted), (sum(ours) / len(ours), sum(counted) / len(counted))
     assert late and max(abs(x) for x in late) < 2.0, late  # within two minutes near the end
+
+
+def test_jobs_import_the_code_of_the_workflow_that_starts_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second clone sharing the venv: its jobs must run its own meml, not the one the venv was
+    installed from (which the job would import without lifecycle.use_workflow_code)."""
+    from meml import lifecycle
+
+    clone = tmp_path / "clone" / "pipeline"
+    (clone / "meml").mkdir(parents=True)
+    (clone / "meml" / "__init__.py").write_text("WHERE = 'the clone'\n")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    probe = [sys.executable, "-c", "import meml; print(getattr(meml, 'WHERE', meml.__file__))"]
+    before = subprocess.run(probe, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    assert before != "the clone"  # the installed project, as a job of a second clone got it before
+    lifecycle.use_workflow_code(clone)
+    lifecycle.use_workflow_code(clone)  # idempotent: Snakemake parses the rules more than once
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(clone.resolve()), "/elsewhere"]
+    after = subprocess.run(probe, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    assert after == "the clone"
+    # the rules call it before any job is defined
+    assert (
+        'lifecycle.use_workflow_code(Path(workflow.basedir) / "pipeline")'
+        in (PROJECT / "pipeline" / "rules" / "common.smk").read_text()
+    )

@@ -7,6 +7,7 @@
     finish(workflow, config)   the worker stopped; report/<profile>/run.json; the closing message
     failed(workflow, config)   the worker stopped; run.json (a failed part still cost what it cost);
                                the calibration gate's messages
+    use_workflow_code(folder)  every job, and the worker, imports meml from the workflow's own folder
 
 Jobs run without the worker on a cluster (`workflow.non_local_exec`): they start on other nodes,
 which cannot reach this machine's socket, and on this one the worker would run them outside the
@@ -28,6 +29,18 @@ from meml.core.config import offline_env
 from meml.plan.layout import Layout
 
 _WORKER: dict[str, Any] = {}  # the worker process this run started, while it runs
+
+
+def use_workflow_code(pipeline: Path) -> None:
+    """Put the workflow's own `pipeline` folder first on the PYTHONPATH that jobs and the worker
+    inherit. Why: jobs start the venv's Python (`python -m meml.run`), which imports meml from
+    wherever the venv was installed from. A second clone or a git worktree that shares a venv (the
+    way to keep a long run on a fixed commit while the first clone moves on) would otherwise run the
+    first clone's code, while run.json records the second's commit. The environment is not part of
+    what Snakemake compares, so this reruns nothing."""
+    folder = str(pipeline.resolve())
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder, *others])
 
 
 def progress_file(config: dict[str, Any]) -> Path:

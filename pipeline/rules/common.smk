@@ -16,6 +16,8 @@ from meml.data.experts import prompts_of  # noqa: E402
 from meml.plan import checks, grid, teacher_stage  # noqa: E402
 from meml.plan.layout import WILDCARD_CELL, Layout, report_dir  # noqa: E402
 
+lifecycle.use_workflow_code(Path(workflow.basedir) / "pipeline")  # jobs import this folder's meml (see there)
+
 # The config checked (its defaults filled in), a target naming what the config lacks refused, and a
 # real or GPU run's needs, cost and refusals said: plan/checks.py, before anything else.
 try:
