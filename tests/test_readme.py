@@ -77,6 +77,11 @@ def test_the_real_models_line_reads_its_report(tmp_path: Path) -> None:
     below = [{**cells[1], "accuracy": 49.0, "sft_accuracy": 45.0}]  # both under the 50.3% a constant scores
     (tables / "learning.json").write_text(json.dumps({"cells": below}))
     assert "(both at or below chance)" in readme_table.render_real(tmp_path)
+    # a run that generated the toy world trained on its synthetic problems, and says so
+    (tmp_path / "real-learn" / "run.json").write_text(json.dumps({**run, "jobs_by_rule": {"toy_world": 1}}))
+    assert readme_table.render_real(tmp_path).startswith(
+        "A real model: SmolLM2-135M-Instruct on 300 held-out synthetic StrategyQA-format problems (the toy world's) "
+    )
 
 
 def test_the_readme_stays_a_front_door() -> None:

@@ -120,9 +120,16 @@ def render_real(example: Path = EXAMPLE) -> str:
         for c in headline
     ]
     level = round(100 * first["level"])
+    record = folder / "run.json"
+    run = read_json(record) if record.is_file() else {}
+    title = DATASET_TITLES[first["dataset"]]
+    # a run that generated the toy world trained on its synthetic problems (run.json counts its jobs)
+    if "toy_world" in (run.get("jobs_by_rule") or {}):
+        task = f"{first['questions']} held-out synthetic {title}-format problems (the toy world's)"
+    else:
+        task = f"{first['questions']} real {title} test questions"
     text = (
-        f"A real model: SmolLM2-135M-Instruct on {first['questions']} real {DATASET_TITLES[first['dataset']]} "
-        "test questions "
+        f"A real model: SmolLM2-135M-Instruct on {task} "
         f"(`{REAL_RECIPE}`, `report/example/{REAL}/`), held-out accuracy under expert 1's prompt after "
         f"{first['rl_steps']} RL steps against the SFT model it started from, paired by question [{level}% CI]: "
         + "; ".join(parts)
@@ -139,9 +146,7 @@ def render_real(example: Path = EXAMPLE) -> str:
                 f"{who} ran {c['ratio']:.2f}x faster a step ({c['step_seconds']['ours']:.0f} s against "
                 f"{c['step_seconds']['trl']:.0f} s), held-out ours minus trl's {_ours(c)}."
             )
-    record = folder / "run.json"
-    if record.is_file():
-        run = read_json(record)
+    if run:
         minutes = " + ".join(f"{r['wall_seconds'] / 60:.0f}" for r in run.get("invocations", []))
         text += f" Time on {run['cores']} cores, one figure a command: {minutes} min (its run.json)."
     return text
