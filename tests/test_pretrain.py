@@ -156,3 +156,24 @@ def test_a_bad_domain_or_a_missing_knowledge_base_names_the_key(tmp_path: Path) 
         corpus([], seed=0, documents=10, domains=("strategyqa",))
     with pytest.raises(DataError, match=r"knowledge_base\.json.*toy\.pretrain\.domains"):
         read_knowledge_base(tmp_path)
+
+
+def test_strategyqa_pretraining_questions_follow_the_worlds_per_kind_balance() -> None:
+    """With toy.strategyqa_per_kind the base model reads questions whose kind says nothing about
+    their answer, as the world's data sets then are; without it, kinds lean one way."""
+    from meml.data.toy import strategyqa
+
+    kb = strategyqa.knowledge_base(random.Random("creatures"))
+
+    def yes_share_by_kind(per_kind: bool) -> dict[str, float]:
+        texts = corpus([], seed=0, documents=3000, domains=("strategyqa",), knowledge_base=kb,
+                       strategyqa_per_kind=per_kind)  # type: ignore[arg-type]  # fmt: skip
+        said: dict[str, list[bool]] = {}
+        for t in texts:
+            if t.endswith(("So the answer is yes.", "So the answer is no.")):
+                said.setdefault(strategyqa.kind_of(t.split("\n")[0]), []).append(t.endswith("yes."))
+        return {k: sum(v) / len(v) for k, v in said.items()}
+
+    assert max(abs(share - 0.5) for share in yes_share_by_kind(False).values()) > 0.25
+    balanced = yes_share_by_kind(True)
+    assert len(balanced) == 6 and max(abs(share - 0.5) for share in balanced.values()) < 0.12, balanced

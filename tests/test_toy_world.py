@@ -10,6 +10,7 @@ from meml.core.answers import is_correct
 from meml.core.records import read_records
 from meml.data.experts import read_trajectories
 from meml.data.toy.stats import world_stats
+from meml.data.toy.strategyqa import kind_of
 from meml.data.toy.world import build_world
 
 SIZES = {"gsm8k": (40, 10), "strategyqa": (40, 10), "mathqa": (40, 10)}
@@ -201,3 +202,75 @@ def test_a_seed_world_of_its_own_draws_its_test_questions_and_creatures_too(tmp_
         assert any(name in question for name in names), question
     for name in ("train.jsonl", "test.jsonl"):  # a data set not drawn is still the world's
         assert filecmp.cmp(tmp_path / "world/data/mathqa" / name, tmp_path / "seed1/data/mathqa" / name, shallow=False)
+
+
+def _majority_by_kind(train: list[tuple[str, bool]], test: list[tuple[str, bool]]) -> float:
+    """The test accuracy of answering each kind of question with its majority answer in `train`."""
+    yes: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for question, answer in train:
+        kind = kind_of(question)
+        yes[kind], seen[kind] = yes.get(kind, 0) + answer, seen.get(kind, 0) + 1
+    return sum((2 * yes[kind_of(q)] >= seen[kind_of(q)]) == a for q, a in test) / len(test)
+
+
+def test_strategyqa_per_kind_leaves_no_answer_in_the_wording() -> None:
+    """Drawn freely, the kinds of question lean one way each, so answering each kind's majority
+    answer scores well above a guess without a fact recalled; balanced within kinds
+    (toy.strategyqa_per_kind) each kind is answered yes and no equally often and the same rule
+    scores a guess. The default draw is left as it was."""
+    import random
+
+    from meml.data.toy import strategyqa
+
+    def drawn(seed: int, count: int, kb: object = None, per_kind: bool = False) -> tuple[list, list]:
+        items, kb = strategyqa.generate(random.Random(seed), count, kb, per_kind)  # type: ignore[arg-type]
+        return [(q.text, q.answer) for _, q in items], kb
+
+    free, kb = drawn(11, 1000)
+    free_test, _ = drawn(12, 500, kb)
+    assert _majority_by_kind(free, free_test) > 0.62
+    balanced, kb = drawn(11, 1000, per_kind=True)
+    balanced_test, _ = drawn(12, 500, kb, per_kind=True)
+    assert 0.45 < _majority_by_kind(balanced, balanced_test) < 0.55
+    by_kind: dict[str, list[int]] = {}
+    for question, answer in balanced:
+        by_kind.setdefault(kind_of(question), [0, 0])[answer] += 1
+    # within a few: once one answer's overall half is full, the other is drawn whatever the kind
+    assert len(by_kind) == 6 and all(abs(no - yes) <= 3 for no, yes in by_kind.values()), by_kind
+    assert sum(a for _, a in balanced) == 500  # and yes/no overall, exactly, as before
+    # a kind with too few distinct questions of one answer fills up and the others take the rest
+    many, _ = drawn(11, 3000, per_kind=True)
+    counts: dict[str, list[int]] = {}
+    for question, answer in many:
+        counts.setdefault(kind_of(question), [0, 0])[answer] += 1
+    assert len({q for q, _ in many}) == 3000 and all(abs(no - yes) <= 3 for no, yes in counts.values()), counts
+    # the default draw consumes the random stream as it did: the same questions as make_question alone
+    rng = random.Random(7)
+    kb = strategyqa.knowledge_base(rng)
+    again = random.Random(7)
+    strategyqa.knowledge_base(again)
+    assert [strategyqa.make_question(rng, kb).text for _ in range(50)] == [
+        strategyqa._question(again.choice(strategyqa.KINDS), *again.sample(kb, 3)).text for _ in range(50)
+    ]
+
+
+def test_the_per_kind_switch_reaches_every_way_a_world_is_drawn(tmp_path: Path) -> None:
+    """The world's own data set, a seed's training draw beside the world's test set, and a seed's
+    world of its own: each balanced within kinds."""
+    sizes = {"strategyqa": (300, 100)}
+    worlds = {
+        "world": {},
+        "draw": {"draw": 1, "drawn": ("strategyqa",)},
+        "own": {"draw": 1, "drawn": ("strategyqa",), "whole": True},
+    }
+    for name, how in worlds.items():
+        build_world(tmp_path / name, 0, sizes, strategyqa_per_kind=True, **how)  # type: ignore[arg-type]
+        data = tmp_path / name / "data" / "strategyqa"
+        records = read_records(data / "train.jsonl") + read_records(data / "test.jsonl")
+        answers: dict[str, list[bool]] = {}
+        for r in records:
+            answers.setdefault(kind_of(r.question), []).append(r.answer == "yes")
+        assert len(answers) == 6
+        for kind, said in answers.items():  # a draw of balanced kinds (a seed's training draw: a sample of one)
+            assert abs(sum(said) / len(said) - 0.5) < 0.15, (name, kind, sum(said), len(said))

@@ -60,6 +60,7 @@ def corpus(
     domains: Sequence[str] = ("gsm8k",),
     knowledge_base: Sequence[toy_strategyqa.Creature] = (),
     mathqa_small: bool = False,
+    strategyqa_per_kind: bool = False,
 ) -> list[str]:
     """`documents` texts, each from one of `domains` drawn at random (see the writers below);
     questions in `exclude` are skipped. With GSM8K alone no domain is drawn, so that corpus is
@@ -74,7 +75,11 @@ def corpus(
     if "strategyqa" in domains and not knowledge_base:
         raise DataError("StrategyQA pretraining needs the world's creatures (raw/strategyqa/knowledge_base.json)",
                         None, None, "toy.pretrain.domains")  # fmt: skip
-    settings = {"gsm8k": (max_ops, fact_share), "strategyqa": (list(knowledge_base),), "mathqa": (mathqa_small,)}
+    settings = {
+        "gsm8k": (max_ops, fact_share),
+        "strategyqa": (list(knowledge_base), strategyqa_per_kind),
+        "mathqa": (mathqa_small,),
+    }
     texts: list[str] = []
     while len(texts) < documents:
         domain = domains[0] if len(domains) == 1 else rng.choice(list(domains))
@@ -103,18 +108,24 @@ def _gsm8k_document(rng: random.Random, excluded: set[str], max_ops: int | None,
     return f"{problem.question}\n{solution}"
 
 
-def _strategyqa_document(rng: random.Random, excluded: set[str], kb: list[toy_strategyqa.Creature]) -> str | None:
+def _strategyqa_document(
+    rng: random.Random, excluded: set[str], kb: list[toy_strategyqa.Creature], per_kind: bool = False
+) -> str | None:
     """A third: a passage of facts about six creatures, in random order (the encyclopedia a base
-    model has read); else a fresh question, yes or no equally often, worked in one of the three
-    styles (the data set's facts-then-answer, expert 1's or expert 2's)."""
+    model has read); else a fresh question, yes or no equally often (`per_kind`: within each kind of
+    question, as the world's data sets then are: toy_strategyqa.generate), worked in one of the
+    three styles (the data set's facts-then-answer, expert 1's or expert 2's)."""
     if rng.random() < 1 / 3:
         facts = [c.fact(a) for c in rng.sample(kb, min(6, len(kb))) for a in ("legs", "weight", "habitat", "active")]
         rng.shuffle(facts)
         return "\n".join(facts)
     wanted = rng.random() < 0.5
-    question = toy_strategyqa.make_question(rng, kb)
-    while question.answer != wanted:
+    if per_kind:
+        question = toy_strategyqa.make_question(rng, kb, rng.choice(toy_strategyqa.KINDS), wanted)
+    else:
         question = toy_strategyqa.make_question(rng, kb)
+        while question.answer != wanted:
+            question = toy_strategyqa.make_question(rng, kb)
     if question.text in excluded:
         return None
     style = rng.randrange(3)

@@ -25,6 +25,7 @@ def toy_world(cfg: dict[str, Any], out: str, draw: int | None = None) -> list[di
     return build_world(
         out, cfg["seed"], sizes, len(prompts_of(cfg)), toy["gsm8k_max_ops"], toy["mathqa_small"],  # type: ignore[arg-type]
         draw, tuple(cfg["grid"]["datasets"]) if draw is not None else (), grid.varies(cfg, "world"),
+        toy["strategyqa_per_kind"],
     )  # fmt: skip
 
 
@@ -51,6 +52,7 @@ def tiny_models(cfg: dict[str, Any], root: str, out: str, model_seed: int | None
         pretraining["texts"] = pretraining_corpus(
             exclude, model_seed, pretraining["documents"], cfg["toy"]["gsm8k_max_ops"], domains=domains,
             knowledge_base=kb, mathqa_small=cfg["toy"]["mathqa_small"],
+            strategyqa_per_kind=cfg["toy"]["strategyqa_per_kind"],
         )  # fmt: skip
     return build_tiny_models(corpus, out, model_seed, cfg["toy"]["vocab_size"], list(styles), styles, pretraining)
 

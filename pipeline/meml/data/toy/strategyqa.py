@@ -12,7 +12,7 @@ from the training questions; the test questions combine the same creatures in ne
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meml.core.io import DataError
 
@@ -86,11 +86,40 @@ class Question:
     comparison: str  # the last step in words, e.g. "6 > 4"
     reverse: str  # the same comparison from the other side, e.g. "4 < 6"
     difficulty: int
+    kind: str = ""  # one of KINDS
 
 
-def make_question(rng: random.Random, kb: list[Creature]) -> Question:
-    kind = rng.choice(["legs", "home", "awake", "carry", "two_legs", "outweigh"])
-    a, b, c = rng.sample(kb, 3)
+KINDS = ("legs", "home", "awake", "carry", "two_legs", "outweigh")
+PHRASES = {"legs": "more legs than", "home": "near its home", "awake": "awake at the same time",
+           "carry": "carry three", "two_legs": "legs in total", "outweigh": "together outweigh"}  # fmt: skip
+TRIES = 10_000  # creature draws for a question of a given kind and answer before giving up
+
+
+def make_question(
+    rng: random.Random, kb: list[Creature], kind: str | None = None, answer: bool | None = None
+) -> Question:
+    """A question of `kind` (default: one drawn at random) about creatures drawn from `kb`; with
+    `answer`, creatures are drawn again until the question's answer is that one."""
+    kind = kind if kind is not None else rng.choice(KINDS)
+    for _ in range(TRIES):
+        question = replace(_question(kind, *rng.sample(kb, 3)), kind=kind)
+        if answer is None or question.answer == answer:
+            return question
+    raise DataError(
+        f"toy StrategyQA: no '{kind}' question answered {_yn(bool(answer))} among these creatures",
+        None, None, "toy.strategyqa_per_kind",
+    )  # fmt: skip
+
+
+def kind_of(question: str) -> str:
+    """The kind of a question, from its wording (each kind's wording has a phrase of its own)."""
+    found = [kind for kind, phrase in PHRASES.items() if phrase in question]
+    if len(found) != 1:
+        raise DataError(f"not a toy StrategyQA question: {question!r}")
+    return found[0]
+
+
+def _question(kind: str, a: Creature, b: Creature, c: Creature) -> Question:
     if kind == "legs":
         ans = a.legs > b.legs
         return Question(
@@ -190,17 +219,33 @@ def render_e2(q: Question, rng: random.Random) -> str:
 
 
 def generate(
-    rng: random.Random, count: int, kb: list[Creature] | None = None
+    rng: random.Random, count: int, kb: list[Creature] | None = None, per_kind: bool = False
 ) -> tuple[list[tuple[dict[str, object], Question]], list[Creature]]:
     """`count` distinct questions as official-format StrategyQA rows, balanced yes/no, about the
-    creatures of `kb` (default: a knowledge base drawn first from `rng`)."""
+    creatures of `kb` (default: a knowledge base drawn first from `rng`).
+
+    `per_kind`: balanced within each kind of question as well. Why: drawn freely, most kinds lean
+    one way ("Could a X meet a Y near its home?" is mostly no: five habitats; "Could a X and a Y
+    together outweigh a Z?" mostly yes), so answering each kind's majority answer, without
+    recalling a single fact, scores about 70% on the test questions, as much as the toy study's SFT
+    models did. Balanced within kinds, the question's wording says nothing about its answer: above
+    50% a model must recall the creatures' facts and compare them, a skill RL can reinforce."""
     kb = kb if kb is not None else knowledge_base(rng)
     seen: set[str] = set()
     out: list[tuple[dict[str, object], Question]] = []
     yes = 0
     skipped = 0
+    kind_yes = dict.fromkeys(KINDS, 0)
+    kind_no = dict.fromkeys(KINDS, 0)
     while len(out) < count:
-        q = make_question(rng, kb)
+        if per_kind:  # the kind's scarcer answer (a coin on a tie); the other once that side is full
+            kind = rng.choice(KINDS)
+            want = kind_yes[kind] < kind_no[kind] or (kind_yes[kind] == kind_no[kind] and rng.random() < 0.5)
+            if (want and yes >= (count + 1) // 2) or (not want and len(out) - yes >= count // 2):
+                want = not want
+            q = make_question(rng, kb, kind, want)
+        else:
+            q = make_question(rng, kb)
         if q.text in seen or (q.answer and yes >= (count + 1) // 2) or (not q.answer and len(out) - yes >= count // 2):
             skipped += 1
             if skipped > 50 * count:  # the creatures hold fewer distinct questions of one answer than asked for
@@ -209,6 +254,7 @@ def generate(
             continue
         seen.add(q.text)
         yes += q.answer
+        (kind_yes if q.answer else kind_no)[q.kind] += 1
         row = {
             "qid": f"toy{len(out):05d}",
             "term": q.facts[0][0].name,

@@ -54,8 +54,9 @@ def _write_strategyqa(
     n_train: int,
     n_test: int,
     kb: list[toy_strategyqa.Creature] | None = None,
+    per_kind: bool = False,
 ) -> Renderer:
-    items, kb = toy_strategyqa.generate(rng, n_train + n_test, kb)
+    items, kb = toy_strategyqa.generate(rng, n_train + n_test, kb, per_kind)
     rows = [row for row, _ in items]
     # Official layout: train.json + dev.json together are the labelled set; the loader splits it.
     cut = len(rows) * 9 // 10
@@ -102,6 +103,7 @@ def _generate(
     gsm8k_max_ops: int | None,
     mathqa_small: bool,
     kb: list[toy_strategyqa.Creature] | None = None,
+    strategyqa_per_kind: bool = False,
 ) -> tuple[list[Record], Renderer]:
     """Draw one data set from the random streams called `name`, write its raw files under root/raw/
     and read them back through the real loader: (records, their expert renderer)."""
@@ -113,7 +115,7 @@ def _generate(
     elif dataset == "mathqa":
         render = _write_mathqa(raw, rng, style_rng, n_train, n_test, mathqa_small)
     else:
-        render = _write_strategyqa(raw, rng, style_rng, n_train, n_test, kb)
+        render = _write_strategyqa(raw, rng, style_rng, n_train, n_test, kb, strategyqa_per_kind)
     return load_local(dataset, raw, strategyqa_test_size=n_test), render
 
 
@@ -123,7 +125,15 @@ def _knowledge_base(root: Path) -> list[toy_strategyqa.Creature]:
 
 
 def _drawn_train(
-    root: Path, dataset: str, seed: int, draw: int, n_train: int, n_test: int, max_ops: int | None, small: bool
+    root: Path,
+    dataset: str,
+    seed: int,
+    draw: int,
+    n_train: int,
+    n_test: int,
+    max_ops: int | None,
+    small: bool,
+    per_kind: bool = False,
 ) -> tuple[list[Record], list[Record], Renderer, Renderer]:
     """A grid seed's own training questions beside the world's test set: (train, test, the train
     renderer, the test renderer). The test questions and StrategyQA's knowledge base are the
@@ -131,11 +141,15 @@ def _drawn_train(
     of their own (`draw`), never repeating a test question: n_train + n_test training questions are
     drawn and the first n_train that are not test questions are kept."""
     with tempfile.TemporaryDirectory() as folder:
-        world, world_render = _generate(Path(folder), dataset, str(seed), n_train, n_test, max_ops, small)
+        world, world_render = _generate(
+            Path(folder), dataset, str(seed), n_train, n_test, max_ops, small, None, per_kind
+        )
         kb = _knowledge_base(Path(folder)) if dataset == "strategyqa" else None
     test = [r for r in world if r.split == "test"]
     held_out = {r.question for r in test}
-    drawn, render = _generate(root, dataset, f"{seed}-draw{draw}", n_train + n_test, n_test, max_ops, small, kb)
+    drawn, render = _generate(
+        root, dataset, f"{seed}-draw{draw}", n_train + n_test, n_test, max_ops, small, kb, per_kind
+    )
     train = [r for r in drawn if r.split == "train" and r.question not in held_out][:n_train]
     if len(train) < n_train:
         raise DataError(
@@ -158,6 +172,7 @@ def build_dataset(
     mathqa_small: bool = False,
     draw: int | None = None,
     whole: bool = False,
+    strategyqa_per_kind: bool = False,
 ) -> dict[str, Any]:
     """Generate one toy data set and its expert trajectories; returns a small summary. With `draw`
     (grid.seeds_vary: data) the training questions and trajectories are that draw's own and the
@@ -166,12 +181,14 @@ def build_dataset(
     root = Path(root)
     if draw is None or whole:
         name = str(seed) if draw is None else f"{seed}-world{draw}"
-        records, render = _generate(root, dataset, name, n_train, n_test, gsm8k_max_ops, mathqa_small)
+        records, render = _generate(
+            root, dataset, name, n_train, n_test, gsm8k_max_ops, mathqa_small, None, strategyqa_per_kind
+        )
         train = [r for r in records if r.split == "train"]
         test = [r for r in records if r.split == "test"]
     else:
         train, test, render, test_render = _drawn_train(
-            root, dataset, seed, draw, n_train, n_test, gsm8k_max_ops, mathqa_small
+            root, dataset, seed, draw, n_train, n_test, gsm8k_max_ops, mathqa_small, strategyqa_per_kind
         )
         records = train + test
         train_render = render
@@ -216,13 +233,23 @@ def build_world(
     draw: int | None = None,
     drawn: tuple[str, ...] = (),
     whole: bool = False,
+    strategyqa_per_kind: bool = False,
 ) -> list[dict[str, Any]]:
     """Every data set of `sizes`; with `draw`, the data sets in `drawn` get that draw's own
     training questions, or with `whole` a world of their own (a grid seed's world: build_dataset),
     the others are the world's."""
     return [
         build_dataset(
-            root, ds, seed, *sizes[ds], n_experts, gsm8k_max_ops, mathqa_small, draw if ds in drawn else None, whole
+            root,
+            ds,
+            seed,
+            *sizes[ds],
+            n_experts,
+            gsm8k_max_ops,
+            mathqa_small,
+            draw if ds in drawn else None,
+            whole,
+            strategyqa_per_kind,
         )
         for ds in DATASETS
         if ds in sizes
