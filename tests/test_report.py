@@ -564,3 +564,19 @@ def test_what_the_rl_stage_contributes_by_hand(built: tuple[dict, Path]) -> None
     assert [c.split(" ")[0] for c in meml[1:]] == ["+5.0", "+45.0", "+25.0"]
     assert "RL raised held-out accuracy over the SFT start for MEML-GRPO" in index
     assert (out / "tables/learning.md").is_file()
+
+
+def test_a_report_says_whose_models_read_the_toy_world() -> None:
+    """Tiny models on the toy world: the toy-scale note; a real pretrained model on it: the
+    synthetic-data note (not 'tiny models'); the real data sets: neither."""
+    from meml.reporting.tables import REAL_MODEL_ON_TOY_NOTE, TOY_NOTE, scale_notes
+
+    tiny = {"world": "toy", "grid": {"models": None}, "models": {"qwen2": {"source": "tiny:qwen2"}}}
+    assert scale_notes(tiny) == [TOY_NOTE]
+    gguf = {
+        **tiny,
+        "grid": {"models": ["smollm2"]},
+        "models": {**tiny["models"], "smollm2": {"source": "gguf:x/y.gguf"}},
+    }
+    assert scale_notes(gguf) == [REAL_MODEL_ON_TOY_NOTE] and "tiny models" not in REAL_MODEL_ON_TOY_NOTE
+    assert scale_notes({**gguf, "world": "real"}) == []

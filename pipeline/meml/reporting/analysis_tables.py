@@ -15,11 +15,11 @@ from meml.reporting.results import Results, subgroup_share
 from meml.reporting.tables import (
     DATASET_TITLES,
     MISSING,
-    TOY_NOTE,
     Table,
     fmt,
     model_label,
     ours_paper_diff,
+    scale_notes,
 )
 
 COMPLEMENTARITY_ROWS = [
@@ -60,7 +60,7 @@ def complementarity_table(cfg: dict[str, Any], root: Path, reference: dict[str, 
                 cells += ours_paper_diff([] if value is None else [100 * value], ref.get(ds, {}).get(key))
             table.add([model_label(cfg, model), label], cells)
     table.notes = [
-        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        *scale_notes(cfg),
         f"The MEF (SFT) model sampled at temperature {cfg['rl']['temperature']}; the paper's values are "
         "approximate, read from its motivation figure and text.",
     ]
@@ -119,7 +119,7 @@ def sparsity_table(cfg: dict[str, Any], results: Results) -> Table:
             ]
         table.add([model_label(cfg, model), method], cells)
     table.notes = [
-        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        *scale_notes(cfg),
         "all wrong / all right: % of (question, expert) subgroups whose rollouts all fail / all succeed, mean over "
         "steps and the method's experts (GRPO gets no gradient from either); IML pairs: total over training; "
         "HSFT flushes: SFT updates from the hard-example buffer; cut: % of each expert's rollouts cut at "
@@ -176,7 +176,7 @@ def calibration_table(cfg: dict[str, Any], root: Path) -> Table:
             ],
         )
     table.notes = [
-        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        *scale_notes(cfg),
         f"In %. rollout success: correct samples per expert on {sampled}, at RL's temperature and length cap; "
         + (MIXED_NOTE if mixed else "")
         + "finished: the lowest expert's share ending within the cap; mean tokens: each "

@@ -13,7 +13,7 @@ import statistics
 from typing import Any
 
 from meml.plan import grid
-from meml.reporting.tables import DATASET_TITLES, MISSING, TOY_NOTE, Table, fmt, model_label
+from meml.reporting.tables import DATASET_TITLES, MISSING, Table, fmt, model_label, scale_notes
 
 TITLES = {
     "gain": "Where does the gain come from? HSFT on one expert, HSFT with MoE, and the full method",
@@ -84,7 +84,7 @@ def extra_table(cfg: dict[str, Any], results: Any, name: str) -> Table:
             table.add([model_label(cfg, model), method, describe(cfg, method)], cells)
     rl, n_seeds = cfg["rl"], len(cfg["grid"]["seeds"])
     table.notes = [
-        *([TOY_NOTE] if cfg["world"] == "toy" else []),
+        *scale_notes(cfg),
         f"Accuracy in % ({results.metric} answer checker), "
         + (f"mean ± sd over {n_seeds} seeds" if n_seeds > 1 else "one seed")
         + "; the paper reports none of these (questions it leaves open).",

@@ -10,12 +10,12 @@ from meml.plan import grid
 from meml.reporting.results import Results, ablation_flags, ablation_reference
 from meml.reporting.tables import (
     DATASET_TITLES,
-    TOY_NOTE,
     Table,
     fmt,
     fmt_diff,
     model_label,
     ours_paper_diff,
+    scale_notes,
 )
 
 
@@ -25,7 +25,7 @@ def methods_in(cfg: dict[str, Any], table: str) -> list[str]:
 
 def _notes(cfg: dict[str, Any], results: Results, extra: list[str]) -> list[str]:
     seeds = cfg["grid"]["seeds"]
-    notes = [TOY_NOTE] if cfg["world"] == "toy" else []
+    notes = scale_notes(cfg)
     spread = f"mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else "one seed"
     notes.append(
         f"Accuracy in % ({results.metric} answer checker), {spread}; paper: the published value; "

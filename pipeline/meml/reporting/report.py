@@ -34,8 +34,8 @@ from meml.reporting.results import Results
 from meml.reporting.tables import (
     MISSING,
     SAME_SEED_NOTE,
-    TOY_NOTE,
     Table,
+    scale_notes,
     to_latex,
     to_markdown,
 )
@@ -150,8 +150,8 @@ def build(
 
 def index_page(cfg: dict[str, Any], tables: list[Table], files: list[Path], out: Path, summary: list[str]) -> str:
     lines = [f"# MEML-GRPO reproduction: profile `{cfg['profile']}`", ""]
-    if cfg["world"] == "toy":
-        lines += [f"> {TOY_NOTE}", ""]
+    for note in scale_notes(cfg):
+        lines += [f"> {note}", ""]
     lines += [f"> {SAME_SEED_NOTE}", ""]
     lines += ["## What the numbers say", "", *summary, ""]
     lines += ["## Tables", ""]

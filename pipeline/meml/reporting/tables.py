@@ -29,6 +29,21 @@ TOY_NOTE = (
     "synthetic data sets in the real data sets' formats. Compare the shape of the results with the "
     "paper's, not the values."
 )
+REAL_MODEL_ON_TOY_NOTE = (
+    "Synthetic data: the toy world's data sets, in the real data sets' formats, read by a real pretrained "
+    "model through its own tokenizer and chat template. The numbers say what training does to this model "
+    "on these problems, not how it does on the real data set."
+)
+
+
+def scale_notes(cfg: dict[str, Any]) -> list[str]:
+    """What a reader must know before the numbers: nothing on the real data sets; on the toy world,
+    whether the models are the tiny ones built here or a real pretrained model (a `gguf:` source)."""
+    if cfg["world"] != "toy":
+        return []
+    if all(str(cfg["models"][m]["source"]).startswith("tiny:") for m in cfg["grid"]["models"] or cfg["models"]):
+        return [TOY_NOTE]
+    return [REAL_MODEL_ON_TOY_NOTE]
 
 
 # a GGUF file's quantization suffix: SmolLM2-135M-Instruct.Q4_1.gguf, x.IQ3_XS.gguf, x.F16.gguf
