@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from meml.plan import grid
+
 MISSING = "–"
 DATASET_TITLES = {"gsm8k": "GSM8K", "strategyqa": "StrategyQA", "mathqa": "MathQA"}
 # Said wherever a run's first numbers appear (the report's header, the end message): what to
@@ -41,7 +43,7 @@ def scale_notes(cfg: dict[str, Any]) -> list[str]:
     whether the models are the tiny ones built here or a real pretrained model (a `gguf:` source)."""
     if cfg["world"] != "toy":
         return []
-    if all(str(cfg["models"][m]["source"]).startswith("tiny:") for m in cfg["grid"]["models"] or cfg["models"]):
+    if all(str(cfg["models"][m]["source"]).startswith("tiny:") for m in grid.models(cfg)):
         return [TOY_NOTE]
     return [REAL_MODEL_ON_TOY_NOTE]
 
